@@ -1,0 +1,173 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// waitFor polls cond until it holds or the timeout passes, then fails with
+// what cond last reported.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting %v for %s: last seen %s", timeout, what, seen)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// runChecker runs c until the returned stop (also run at cleanup) cancels it,
+// and checks that Run returns promptly.
+func runChecker(t *testing.T, c *Checker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Errorf("Run did not return within 5s of cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// collector reads a subscription into a list until the channel closes.
+type collector struct {
+	mu   sync.Mutex
+	got  []Transition
+	done chan struct{}
+}
+
+func collect(ch <-chan Transition) *collector {
+	c := &collector{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for tr := range ch {
+			c.mu.Lock()
+			c.got = append(c.got, tr)
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *collector) all() []Transition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Transition(nil), c.got...)
+}
+
+// waitTransition waits for the first transition after index from that
+// matches; it returns it and its index.
+func (c *collector) waitTransition(t *testing.T, timeout time.Duration, from int, what string, match func(Transition) bool) (Transition, int) {
+	t.Helper()
+	var found Transition
+	idx := -1
+	waitFor(t, timeout, what, func() (bool, string) {
+		all := c.all()
+		for i := from; i < len(all); i++ {
+			if match(all[i]) {
+				found, idx = all[i], i
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("transitions %+v", all)
+	})
+	return found, idx
+}
+
+// tcpBackend is a real listener on 127.0.0.1 that can be closed (connections
+// refused) and reopened on the same port.
+type tcpBackend struct {
+	t       *testing.T
+	addr    string
+	mu      sync.Mutex
+	ln      net.Listener
+	wg      sync.WaitGroup
+	accepts atomic.Int64
+}
+
+func newTCPBackend(t *testing.T) *tcpBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	b := &tcpBackend{t: t, addr: ln.Addr().String()}
+	b.serve(ln)
+	t.Cleanup(b.down)
+	return b
+}
+
+func (b *tcpBackend) serve(ln net.Listener) {
+	b.mu.Lock()
+	b.ln = ln
+	b.mu.Unlock()
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepts.Add(1)
+			c.Close()
+		}
+	}()
+}
+
+// down closes the listener; from its return on, connections are refused.
+func (b *tcpBackend) down() {
+	b.mu.Lock()
+	ln := b.ln
+	b.ln = nil
+	b.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+		b.wg.Wait()
+	}
+}
+
+// up listens again on the same port.
+func (b *tcpBackend) up() {
+	b.t.Helper()
+	ln, err := net.Listen("tcp", b.addr)
+	if err != nil {
+		b.t.Fatalf("re-listen on %s: %v", b.addr, err)
+	}
+	b.serve(ln)
+}
+
+// closedPort returns a 127.0.0.1 address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}

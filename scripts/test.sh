@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine: installs what the tests need (as root, from
+# Debian's packages), fetches the Go modules, then `go test ./...`.
+# Tests that need root (XDP, network namespaces, ICMP) skip when not root; run as root to run them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping; do
+	command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
+done
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" -eq 0 ]; then
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
+		apt-get install -y -qq --no-install-recommends "${need[@]}"
+	else
+		echo "scripts/test.sh: missing ${need[*]}; run as root to install them (tests that need them will skip)" >&2
+	fi
+fi
+
+go mod download
+exec go test -count=1 -timeout 20m "$@" ./...

@@ -1,0 +1,138 @@
+package pools
+
+// applyDefaults fills in every omitted field of s; it is the only place
+// defaults are set, and it runs after decoding and before the cross-field
+// rules. given reports whether a dotted field path was written, which
+// matters where the zero value is itself legal (cross_zone: false,
+// min_weight_percent: 0).
+//
+//	affinity                   mode none when the block is omitted
+//	affinity.ttl               30m (DefaultTTL)
+//	affinity.max_sessions      1048576 (DefaultMaxSessions)
+//	affinity.cookie            mode cookie: name lb_session, path /
+//	affinity.app_cookie.mode   prefix
+//	affinity.quic_cid          mode quic_cid: cid_length 8
+//	balance                    maglev for VIP services (the XDP forwarder
+//	                           only has Maglev); ring_hash for keyed modes
+//	                           (the one hash Caddy, Envoy and gRPC share);
+//	                           weighted_least_conn otherwise
+//	hash.table_size            maglev: 65537
+//	hash.min/max_ring_size     maglev and ring_hash: 1024 / 4096 (gRPC's cap)
+//	hash.bounded_load          0 (off: bounded load trades agreement away)
+//	slow_start                 aggression 1.0, min_weight_percent 10
+//	                           (window has no default: it is required)
+//	health_check.protocol      http for http services, icmp for udp, tcp
+//	                           otherwise
+//	health_check.path          / (http checks only)
+//	health_check.interval      5s, timeout 2s, healthy_threshold 2,
+//	                           unhealthy_threshold 3
+//	cross_zone                 true
+//	backend weight             1
+//
+// Blocks that do not match the mode (a cookie block under mode url) are left
+// as written so that the rules can reject them.
+func applyDefaults(s *Service, given func(path string) bool) {
+	a := &s.Affinity
+	if a.Mode == "" {
+		a.Mode = ModeNone
+	}
+	if a.TTL == 0 {
+		a.TTL = DefaultTTL
+	}
+	if a.MaxSessions == 0 {
+		a.MaxSessions = DefaultMaxSessions
+	}
+	switch a.Mode {
+	case ModeCookie:
+		if a.Cookie == nil {
+			a.Cookie = &Cookie{}
+		}
+		if a.Cookie.Name == "" {
+			a.Cookie.Name = DefaultCookieName
+		}
+		if a.Cookie.Path == "" {
+			a.Cookie.Path = DefaultCookiePath
+		}
+	case ModeAppCookie:
+		// The block itself is required (it names the cookie); its mode is not.
+		if a.AppCookie != nil && a.AppCookie.Mode == "" {
+			a.AppCookie.Mode = DefaultAppCookieMode
+		}
+	case ModeQUICCID:
+		if a.QUICCID == nil {
+			a.QUICCID = &QUICCID{}
+		}
+		if a.QUICCID.CIDLength == 0 {
+			a.QUICCID.CIDLength = DefaultCIDLength
+		}
+	}
+
+	if s.Balance == "" {
+		switch {
+		case s.VIP != "":
+			s.Balance = BalanceMaglev
+		case a.Keyed():
+			s.Balance = BalanceRingHash
+		default:
+			s.Balance = BalanceLeastConn
+		}
+	}
+	if s.Balance == BalanceMaglev || s.Balance == BalanceRingHash {
+		h := &s.Hash
+		if s.Balance == BalanceMaglev && h.TableSize == 0 {
+			h.TableSize = DefaultTableSize
+		}
+		if h.MinRingSize == 0 {
+			h.MinRingSize = DefaultMinRingSize
+		}
+		if h.MaxRingSize == 0 {
+			h.MaxRingSize = DefaultMaxRingSize
+		}
+	}
+
+	if ss := s.SlowStart; ss != nil {
+		if ss.Aggression == 0 {
+			ss.Aggression = DefaultAggression
+		}
+		if !given("slow_start.min_weight_percent") {
+			ss.MinWeightPercent = DefaultMinWeightPercent
+		}
+	}
+
+	if hc := s.HealthCheck; hc != nil {
+		if hc.Protocol == "" {
+			switch s.Protocol {
+			case ProtocolHTTP:
+				hc.Protocol = HealthHTTP
+			case ProtocolUDP:
+				hc.Protocol = HealthICMP
+			default:
+				hc.Protocol = HealthTCP
+			}
+		}
+		if hc.Protocol == HealthHTTP && hc.Path == "" {
+			hc.Path = DefaultHealthPath
+		}
+		if hc.Interval == 0 {
+			hc.Interval = DefaultHealthInterval
+		}
+		if hc.Timeout == 0 {
+			hc.Timeout = DefaultHealthTimeout
+		}
+		if hc.HealthyThreshold == 0 {
+			hc.HealthyThreshold = DefaultHealthyThreshold
+		}
+		if hc.UnhealthyThreshold == 0 {
+			hc.UnhealthyThreshold = DefaultUnhealthyThreshold
+		}
+	}
+
+	if !given("cross_zone") {
+		s.CrossZone = true
+	}
+	for _, b := range s.Backends {
+		if b.Weight == 0 {
+			b.Weight = DefaultWeight
+		}
+	}
+}

@@ -1,0 +1,713 @@
+package pools
+
+import (
+	"math"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The known fields of each mapping, in the order DESIGN.md lists them.
+var (
+	fileFields        = []string{"services"}
+	serviceFields     = []string{"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"}
+	affinityFields    = []string{"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"}
+	cookieFields      = []string{"name", "path"}
+	appCookieFields   = []string{"name", "mode"}
+	urlFields         = []string{"query", "path_segment", "suffix"}
+	headerFields      = []string{"name"}
+	quicFields        = []string{"cid_length"}
+	hashFields        = []string{"table_size", "min_ring_size", "max_ring_size", "bounded_load"}
+	slowStartFields   = []string{"window", "aggression", "min_weight_percent"}
+	healthCheckFields = []string{"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"}
+	backendFields     = []string{"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"}
+)
+
+// svcState is a service being decoded: the value, and where each field came
+// from so that rules spanning several fields can point at the right one.
+type svcState struct {
+	s    *Service
+	node *yaml.Node
+	// given maps a dotted path ("balance", "affinity.mode", "hash.table_size")
+	// to the field as written; absent paths were omitted.
+	given map[string]field
+	// bad marks given paths whose value was rejected, so rules that depend
+	// on them stay quiet instead of piling on.
+	bad      map[string]bool
+	backends []*backendState
+}
+
+type backendState struct {
+	b     *Backend
+	node  *yaml.Node
+	given map[string]field
+	bad   map[string]bool
+}
+
+func (st *svcState) has(path string) bool { _, ok := st.given[path]; return ok }
+
+// good reports whether path is usable: omitted (so defaulted) or valid.
+func (st *svcState) good(path string) bool { return !st.bad[path] }
+
+// pos is the node to blame for path: its value if given, else the service.
+func (st *svcState) pos(path string) *yaml.Node {
+	if f, ok := st.given[path]; ok {
+		return f.val
+	}
+	return st.node
+}
+
+// keyPos is the key node of path if given, else the service.
+func (st *svcState) keyPos(path string) *yaml.Node {
+	if f, ok := st.given[path]; ok {
+		return f.key
+	}
+	return st.node
+}
+
+func (d *decoder) decodeFile(root *yaml.Node) *File {
+	if rn := resolve(root); rn == nil || rn.Kind == yaml.ScalarNode && rn.ShortTag() == "!!null" {
+		d.errorf(root, "empty pools file: want a mapping with services:")
+		return nil
+	}
+	fs, ok := d.fields(root, "the pools file", fileFields)
+	if !ok {
+		return nil
+	}
+	f := &File{}
+	sf, ok := fs["services"]
+	if !ok {
+		d.errorf(root, "services: is required (a list of services)")
+		return f
+	}
+	items, ok := d.list(sf)
+	if !ok {
+		return f
+	}
+	var states []*svcState
+	for _, item := range items {
+		st := d.decodeService(item)
+		if st == nil {
+			continue
+		}
+		states = append(states, st)
+		f.Services = append(f.Services, st.s)
+	}
+	d.validateFile(states)
+	return f
+}
+
+func (d *decoder) decodeService(n *yaml.Node) *svcState {
+	fs, ok := d.fields(n, "service", serviceFields)
+	if !ok {
+		return nil
+	}
+	rn := resolve(n)
+	st := &svcState{
+		s:     &Service{Line: rn.Line},
+		node:  rn,
+		given: map[string]field{},
+		bad:   map[string]bool{},
+	}
+	s := st.s
+	for name, f := range fs {
+		st.given[name] = f
+	}
+	fail := func(path string) { st.bad[path] = true }
+
+	if f, ok := fs["name"]; ok {
+		if v, ok := d.str(f); !ok {
+			fail("name")
+		} else if !validName(v) {
+			d.errorf(f.val, "name %q: want lowercase letters, digits and '-' (not at either end), at most 63 characters, e.g. web-eu", v)
+			fail("name")
+		} else {
+			s.Name = v
+		}
+	}
+	if f, ok := fs["protocol"]; ok {
+		v, ok := d.str(f)
+		switch {
+		case !ok:
+			fail("protocol")
+		case v == ProtocolHTTP || v == ProtocolGRPC || v == ProtocolTCP || v == ProtocolUDP:
+			s.Protocol = v
+		default:
+			d.errorf(f.val, "protocol %q: want http, grpc, tcp or udp", v)
+			fail("protocol")
+		}
+	}
+	if f, ok := fs["listen"]; ok {
+		if v, ok := d.str(f); !ok || !d.checkAddr(f.val, "listen", v, addrListen) {
+			fail("listen")
+		} else {
+			s.Listen = v
+		}
+	}
+	if f, ok := fs["vip"]; ok {
+		if v, ok := d.str(f); !ok || !d.checkAddr(f.val, "vip", v, addrVIP) {
+			fail("vip")
+		} else {
+			s.VIP = v
+		}
+	}
+	if f, ok := fs["affinity"]; ok {
+		d.decodeAffinity(st, f)
+	}
+	if f, ok := fs["balance"]; ok {
+		v, ok := d.str(f)
+		switch {
+		case !ok:
+			fail("balance")
+		case v == BalanceLeastConn || v == BalanceRoundRobin || v == BalanceMaglev || v == BalanceRingHash:
+			s.Balance = v
+		default:
+			d.errorf(f.val, "balance %q: want weighted_least_conn, weighted_round_robin, maglev or ring_hash%s", v,
+				suggestValue(v, []string{BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash}))
+			fail("balance")
+		}
+	}
+	if f, ok := fs["hash"]; ok {
+		d.decodeHash(st, f)
+	}
+	if f, ok := fs["slow_start"]; ok {
+		d.decodeSlowStart(st, f)
+	}
+	if f, ok := fs["health_check"]; ok {
+		d.decodeHealthCheck(st, f)
+	}
+	if f, ok := fs["cross_zone"]; ok {
+		if v, ok := d.boolean(f); ok {
+			s.CrossZone = v
+		} else {
+			fail("cross_zone")
+		}
+	}
+	if f, ok := fs["drained_zones"]; ok {
+		items, ok := d.list(f)
+		if !ok {
+			fail("drained_zones")
+		}
+		seen := map[string]int{}
+		for _, item := range items {
+			v, ok := d.strAt("drained_zones entry", item)
+			if !ok {
+				fail("drained_zones")
+				continue
+			}
+			if !validZone(v) {
+				d.errorf(item, "drained zone %q: want letters, digits, '.', '_' and '-', at most 128 characters", v)
+				fail("drained_zones")
+				continue
+			}
+			if line, dup := seen[v]; dup {
+				d.errorf(item, "drained zone %q listed twice (first at line %d)", v, line)
+				continue
+			}
+			seen[v] = item.Line
+			s.DrainedZones = append(s.DrainedZones, v)
+		}
+	}
+	if f, ok := fs["backends"]; ok {
+		items, ok := d.list(f)
+		if !ok {
+			fail("backends")
+		}
+		for _, item := range items {
+			if bs := d.decodeBackend(item); bs != nil {
+				st.backends = append(st.backends, bs)
+				s.Backends = append(s.Backends, bs.b)
+			} else {
+				fail("backends")
+			}
+		}
+	}
+
+	applyDefaults(s, st.has)
+	d.validateService(st)
+	return st
+}
+
+func (d *decoder) decodeAffinity(st *svcState, af field) {
+	fs, ok := d.fields(af.val, "affinity", affinityFields)
+	if !ok {
+		st.bad["affinity"] = true
+		st.bad["affinity.mode"] = true
+		return
+	}
+	a := &st.s.Affinity
+	for name, f := range fs {
+		st.given["affinity."+name] = f
+	}
+	fail := func(path string) { st.bad["affinity."+path] = true }
+
+	if f, ok := fs["mode"]; ok {
+		v, ok := d.str(f)
+		modes := []string{ModeNone, ModeCookie, ModeAppCookie, ModeURL, ModeHeader, ModeSourceIP, ModeQUICCID}
+		switch {
+		case !ok:
+			fail("mode")
+		case contains(modes, v):
+			a.Mode = v
+		default:
+			d.errorf(f.val, "affinity mode %q: want none, cookie, app_cookie, url, header, source_ip or quic_cid%s", v, suggestValue(v, modes))
+			fail("mode")
+		}
+	} else {
+		d.errorf(af.key, "affinity: mode is required (none, cookie, app_cookie, url, header, source_ip or quic_cid)")
+		fail("mode")
+	}
+	if f, ok := fs["ttl"]; ok {
+		v, ok := d.duration(f)
+		switch {
+		case !ok:
+			fail("ttl")
+		case v < 1e9:
+			d.errorf(f.val, "ttl %s: want at least 1s (it is the session lifetime)", v)
+			fail("ttl")
+		case v%1e9 != 0:
+			d.errorf(f.val, "ttl %s: want whole seconds (cookies carry expiry in seconds)", v)
+			fail("ttl")
+		default:
+			a.TTL = v
+		}
+	}
+	if f, ok := fs["max_sessions"]; ok {
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+			fail("max_sessions")
+		case v < 1 || v > MaxSessionsLimit:
+			d.errorf(f.val, "max_sessions %d out of range 1..%d", v, MaxSessionsLimit)
+			fail("max_sessions")
+		default:
+			a.MaxSessions = int(v)
+		}
+	}
+	if f, ok := fs["cookie"]; ok {
+		c := &Cookie{}
+		if bfs, ok := d.fields(f.val, "cookie", cookieFields); ok {
+			if g, ok := bfs["name"]; ok {
+				if v, ok := d.str(g); ok {
+					if validToken(v) {
+						c.Name = v
+					} else {
+						d.errorf(g.val, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)", v)
+					}
+				}
+			}
+			if g, ok := bfs["path"]; ok {
+				if v, ok := d.str(g); ok {
+					if strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v) {
+						c.Path = v
+					} else {
+						d.errorf(g.val, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces", v)
+					}
+				}
+			}
+		}
+		a.Cookie = c
+	}
+	if f, ok := fs["app_cookie"]; ok {
+		c := &AppCookie{}
+		if bfs, ok := d.fields(f.val, "app_cookie", appCookieFields); ok {
+			if g, ok := bfs["name"]; ok {
+				if v, ok := d.str(g); ok {
+					if validToken(v) {
+						c.Name = v
+					} else {
+						d.errorf(g.val, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)", v)
+					}
+				}
+			} else {
+				d.errorf(f.key, "app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
+			}
+			if g, ok := bfs["mode"]; ok {
+				if v, ok := d.str(g); ok {
+					if v == AppCookiePrefix || v == AppCookieLearn {
+						c.Mode = v
+					} else {
+						d.errorf(g.val, "app_cookie mode %q: want prefix or learn", v)
+						fail("app_cookie.mode")
+					}
+				} else {
+					fail("app_cookie.mode")
+				}
+			}
+		}
+		a.AppCookie = c
+	}
+	if f, ok := fs["url"]; ok {
+		u := &URLKey{}
+		if bfs, ok := d.fields(f.val, "url", urlFields); ok {
+			var set []string
+			if g, ok := bfs["query"]; ok {
+				set = append(set, "query")
+				if v, ok := d.str(g); ok {
+					if v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") {
+						u.Source, u.Query = URLQuery, v
+					} else {
+						d.errorf(g.val, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)", v)
+					}
+				}
+			}
+			if g, ok := bfs["path_segment"]; ok {
+				set = append(set, "path_segment")
+				if v, ok := d.integer(g); ok {
+					if v >= math.MinInt32 && v <= math.MaxInt32 {
+						u.Source, u.PathSegment = URLPathSegment, int(v)
+					} else {
+						d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
+					}
+				}
+			}
+			if g, ok := bfs["suffix"]; ok {
+				set = append(set, "suffix")
+				if v, ok := d.str(g); ok {
+					if v != "" && printable(v) && !strings.ContainsAny(v, " \t") {
+						u.Source, u.Suffix = URLSuffix, v
+					} else {
+						d.errorf(g.val, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)", v)
+					}
+				}
+			}
+			switch len(set) {
+			case 0:
+				d.errorf(f.key, "url: set one of query, path_segment or suffix")
+			case 1:
+			default:
+				d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
+			}
+		}
+		a.URL = u
+	}
+	if f, ok := fs["header"]; ok {
+		h := &HeaderKey{}
+		if bfs, ok := d.fields(f.val, "header", headerFields); ok {
+			if g, ok := bfs["name"]; ok {
+				if v, ok := d.str(g); ok {
+					if validToken(v) {
+						h.Name = v
+					} else {
+						d.errorf(g.val, "header name %q: want an HTTP header name such as x-session", v)
+					}
+				}
+			} else {
+				d.errorf(f.key, "header: name is required (the request header carrying the session key)")
+			}
+		}
+		a.Header = h
+	}
+	if f, ok := fs["quic_cid"]; ok {
+		q := &QUICCID{}
+		if bfs, ok := d.fields(f.val, "quic_cid", quicFields); ok {
+			if g, ok := bfs["cid_length"]; ok {
+				if v, ok := d.integer(g); ok {
+					if v >= MinCIDLength && v <= MaxCIDLength {
+						q.CIDLength = int(v)
+					} else {
+						d.errorf(g.val, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", v, MinCIDLength, MaxCIDLength)
+					}
+				}
+			}
+		}
+		a.QUICCID = q
+	}
+}
+
+func (d *decoder) decodeHash(st *svcState, hf field) {
+	fs, ok := d.fields(hf.val, "hash", hashFields)
+	if !ok {
+		st.bad["hash"] = true
+		return
+	}
+	for name, f := range fs {
+		st.given["hash."+name] = f
+	}
+	h := &st.s.Hash
+	fail := func(name string) { st.bad["hash."+name] = true }
+	if f, ok := fs["table_size"]; ok {
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+			fail("table_size")
+		case v < 2 || v > MaxTableSize:
+			d.errorf(f.val, "table_size %d out of range: want a prime up to %d (default %d)", v, MaxTableSize, DefaultTableSize)
+			fail("table_size")
+		case !isPrime(uint64(v)):
+			d.errorf(f.val, "table_size %d is not prime: Maglev needs a prime table size (e.g. 65537, 131071, 1000003)", v)
+			fail("table_size")
+		default:
+			h.TableSize = uint64(v)
+		}
+	}
+	ring := func(name string, dst *uint64) {
+		f, ok := fs[name]
+		if !ok {
+			return
+		}
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+			fail(name)
+		case v < 1 || v > MaxRingSize:
+			d.errorf(f.val, "%s %d out of range 1..%d", name, v, MaxRingSize)
+			fail(name)
+		default:
+			*dst = uint64(v)
+		}
+	}
+	ring("min_ring_size", &h.MinRingSize)
+	ring("max_ring_size", &h.MaxRingSize)
+	if f, ok := fs["bounded_load"]; ok {
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+			fail("bounded_load")
+		case v != 0 && (v < 100 || v > math.MaxUint32):
+			d.errorf(f.val, "bounded_load %d: want 0 (off) or a percentage of the average load of at least 100, e.g. 125", v)
+			fail("bounded_load")
+		default:
+			h.BoundedLoad = uint32(v)
+		}
+	}
+}
+
+func (d *decoder) decodeSlowStart(st *svcState, sf field) {
+	fs, ok := d.fields(sf.val, "slow_start", slowStartFields)
+	if !ok {
+		st.bad["slow_start"] = true
+		return
+	}
+	for name, f := range fs {
+		st.given["slow_start."+name] = f
+	}
+	ss := &SlowStart{}
+	st.s.SlowStart = ss
+	if f, ok := fs["window"]; ok {
+		if v, ok := d.duration(f); ok {
+			if v < 0 {
+				d.errorf(f.val, "slow_start window %s: want 0 or more", v)
+			} else {
+				ss.Window = v
+			}
+		}
+	} else {
+		d.errorf(sf.key, "slow_start: window is required (how long a new backend takes to reach full weight, e.g. 30s)")
+	}
+	if f, ok := fs["aggression"]; ok {
+		if v, ok := d.number(f); ok {
+			if v <= 0 {
+				d.errorf(f.val, "slow_start aggression %v: want more than 0 (1.0 ramps linearly)", v)
+			} else {
+				ss.Aggression = v
+			}
+		}
+	}
+	if f, ok := fs["min_weight_percent"]; ok {
+		if v, ok := d.number(f); ok {
+			if v < 0 || v > 100 {
+				d.errorf(f.val, "slow_start min_weight_percent %v out of range 0..100", v)
+			} else {
+				ss.MinWeightPercent = v
+			}
+		}
+	}
+}
+
+func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
+	fs, ok := d.fields(hf.val, "health_check", healthCheckFields)
+	if !ok {
+		st.bad["health_check"] = true
+		return
+	}
+	for name, f := range fs {
+		st.given["health_check."+name] = f
+	}
+	fail := func(name string) { st.bad["health_check."+name] = true }
+	hc := &HealthCheck{}
+	st.s.HealthCheck = hc
+	if f, ok := fs["protocol"]; ok {
+		v, ok := d.str(f)
+		switch {
+		case !ok:
+			fail("protocol")
+		case v == HealthHTTP || v == HealthTCP || v == HealthICMP:
+			hc.Protocol = v
+		default:
+			d.errorf(f.val, "health_check protocol %q: want http, tcp or icmp", v)
+			fail("protocol")
+		}
+	}
+	if f, ok := fs["path"]; ok {
+		if v, ok := d.str(f); ok && strings.HasPrefix(v, "/") && printable(v) && !strings.ContainsAny(v, " \t") {
+			hc.Path = v
+		} else if ok {
+			d.errorf(f.val, "health_check path %q: want an absolute path such as /healthz", v)
+		}
+	}
+	if f, ok := fs["expect_status"]; ok {
+		items, listOK := d.list(f)
+		seen := map[int64]bool{}
+		for _, item := range items {
+			v, ok := d.integer(field{name: "expect_status entry", val: item})
+			if !ok {
+				continue
+			}
+			if v < 100 || v > 599 {
+				d.errorf(item, "expect_status %d: want an HTTP status 100..599", v)
+				continue
+			}
+			if seen[v] {
+				d.errorf(item, "expect_status %d listed twice", v)
+				continue
+			}
+			seen[v] = true
+			hc.ExpectStatus = append(hc.ExpectStatus, int(v))
+		}
+		if listOK && len(items) == 0 {
+			d.errorf(f.val, "expect_status is empty: list the accepted statuses or remove it for 200-399")
+		}
+	}
+	if f, ok := fs["port"]; ok {
+		if v, ok := d.integer(f); ok {
+			if v < 1 || v > 65535 {
+				d.errorf(f.val, "health_check port %d out of range 1..65535 (omit it to probe the backend's own port)", v)
+			} else {
+				hc.Port = int(v)
+			}
+		}
+	}
+	if f, ok := fs["interval"]; ok {
+		v, ok := d.duration(f)
+		switch {
+		case !ok:
+			fail("interval")
+		case v < 1e9 || v > 300e9:
+			d.errorf(f.val, "health_check interval %s out of range 1s..5m", v)
+			fail("interval")
+		default:
+			hc.Interval = v
+		}
+	}
+	if f, ok := fs["timeout"]; ok {
+		v, ok := d.duration(f)
+		switch {
+		case !ok:
+			fail("timeout")
+		case v <= 0:
+			d.errorf(f.val, "health_check timeout %s: want more than 0", v)
+			fail("timeout")
+		default:
+			hc.Timeout = v
+		}
+	}
+	thresh := func(name string, dst *int) {
+		f, ok := fs[name]
+		if !ok {
+			return
+		}
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+		case v < 1 || v > 1000:
+			d.errorf(f.val, "health_check %s %d out of range 1..1000", name, v)
+		default:
+			*dst = int(v)
+		}
+	}
+	thresh("healthy_threshold", &hc.HealthyThreshold)
+	thresh("unhealthy_threshold", &hc.UnhealthyThreshold)
+}
+
+func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
+	fs, ok := d.fields(n, "backend", backendFields)
+	if !ok {
+		return nil
+	}
+	rn := resolve(n)
+	bs := &backendState{b: &Backend{Line: rn.Line}, node: rn, given: fs, bad: map[string]bool{}}
+	b := bs.b
+	fail := func(name string) { bs.bad[name] = true }
+	if f, ok := fs["address"]; ok {
+		if v, ok := d.str(f); !ok || !d.checkAddr(f.val, "address", v, addrBackend) {
+			fail("address")
+		} else {
+			b.Address = v
+		}
+	} else {
+		d.errorf(n, "backend: address is required (ip:port)")
+		fail("address")
+	}
+	if f, ok := fs["weight"]; ok {
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+			fail("weight")
+		case v == 0:
+			d.errorf(f.val, "weight 0: want 1..%d; to stop new sessions to a backend, set drain: true", MaxWeight)
+			fail("weight")
+		case v < 1 || v > MaxWeight:
+			d.errorf(f.val, "weight %d out of range 1..%d", v, MaxWeight)
+			fail("weight")
+		default:
+			b.Weight = uint32(v)
+		}
+	}
+	if f, ok := fs["zone"]; ok {
+		if v, ok := d.str(f); ok && validZone(v) {
+			b.Zone = v
+		} else if ok {
+			d.errorf(f.val, "zone %q: want letters, digits, '.', '_' and '-', at most 128 characters", v)
+			fail("zone")
+		} else {
+			fail("zone")
+		}
+	}
+	if f, ok := fs["hash_key"]; ok {
+		if v, ok := d.str(f); ok && v != "" && len(v) <= 255 && printable(v) && !strings.ContainsAny(v, " \t") {
+			b.HashKey = v
+		} else if ok {
+			d.errorf(f.val, "hash_key %q: want 1..255 printable characters without spaces", v)
+			fail("hash_key")
+		} else {
+			fail("hash_key")
+		}
+	}
+	if f, ok := fs["server_id"]; ok {
+		v, ok := d.integer(f)
+		switch {
+		case !ok:
+			fail("server_id")
+		case v < 1 || v > 65535:
+			d.errorf(f.val, "server_id %d out of range 1..65535 (it fills 2 bytes of the QUIC connection ID; 0 means none)", v)
+			fail("server_id")
+		default:
+			b.ServerID = uint16(v)
+		}
+	}
+	if f, ok := fs["mac"]; ok {
+		if v, ok := d.str(f); ok && d.checkMAC(f.val, v) {
+			b.MAC = v
+		} else {
+			fail("mac")
+		}
+	}
+	if f, ok := fs["drain"]; ok {
+		if v, ok := d.boolean(f); ok {
+			b.Drain = v
+		} else {
+			fail("drain")
+		}
+	}
+	return bs
+}
+
+// suggestValue is suggest for enumerated values.
+func suggestValue(v string, allowed []string) string {
+	s := suggest(v, allowed)
+	if strings.HasPrefix(s, " (") {
+		return s
+	}
+	return ""
+}

@@ -1,0 +1,139 @@
+// Command stickylb checks and plans pools files (and, as the other tiers land, serves them):
+//
+//	stickylb validate FILE
+//	stickylb plan --pools OLD --next NEW [--json] [--keys N]
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/stickylb/stickylb/policies/plan"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+const usage = `usage:
+  stickylb validate FILE                                check a pools file; every error as file:line
+  stickylb plan --pools OLD --next NEW [--json] [--keys N]
+                                                       share of keys each service would move
+`
+
+// run executes one command and returns the exit status: 0 success, 1 the file (or the
+// change) is invalid, 2 the command line is wrong.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "validate":
+		return validate(args[1:], stdout, stderr)
+	case "plan":
+		return planCmd(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "stickylb: unknown command %q\n%s", args[0], usage)
+	return 2
+}
+
+// load reads a pools file, printing its errors (every one, file:line first) and warnings.
+func load(path string, stderr io.Writer) (*pools.File, bool) {
+	f, err := pools.Load(path)
+	if err != nil {
+		var list pools.ErrorList
+		if errors.As(err, &list) {
+			for _, e := range list {
+				fmt.Fprintln(stderr, e)
+			}
+		} else {
+			fmt.Fprintln(stderr, err)
+		}
+		return nil, false
+	}
+	for _, w := range f.Warnings {
+		fmt.Fprintf(stderr, "%s:%d:%d: warning: %s\n", w.File, w.Line, w.Col, w.Msg)
+	}
+	return f, true
+}
+
+func validate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quiet := fs.Bool("q", false, "print nothing when the file is valid")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprint(stderr, "usage: stickylb validate [-q] FILE\n")
+		return 2
+	}
+	f, ok := load(fs.Arg(0), stderr)
+	if !ok {
+		return 1
+	}
+	if !*quiet {
+		backends := 0
+		for _, s := range f.Services {
+			backends += len(s.Backends)
+		}
+		fmt.Fprintf(stdout, "%s: ok (%d services, %d backends)\n", fs.Arg(0), len(f.Services), backends)
+	}
+	return 0
+}
+
+func planCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	oldPath := fs.String("pools", "", "the pools file in service now")
+	nextPath := fs.String("next", "", "the pools file to roll out")
+	asJSON := fs.Bool("json", false, "print JSON")
+	keys := fs.Int("keys", plan.DefaultKeys, fmt.Sprintf("keys to measure (at least %d)", plan.MinKeys))
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *oldPath == "" || *nextPath == "" || fs.NArg() != 0 {
+		fmt.Fprint(stderr, "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n")
+		return 2
+	}
+	oldF, ok1 := load(*oldPath, stderr)
+	nextF, ok2 := load(*nextPath, stderr)
+	if !ok1 || !ok2 {
+		return 1
+	}
+	rs, err := plan.Compare(oldF, nextF, *keys)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if *asJSON {
+		out := struct {
+			Services []plan.Result `json:"services"`
+		}{rs}
+		if out.Services == nil {
+			out.Services = []plan.Result{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tALGORITHM\tCHANGE\tMOVED\tIDEAL\tMOD-N\tNOTE")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%.2f%%\t%.2f%%\t%s\n", r.Name, r.Algorithm, r.Change, 100*r.Moved, 100*r.Ideal, 100*r.ModN, r.Note)
+	}
+	tw.Flush()
+	return 0
+}

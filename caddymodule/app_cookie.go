@@ -1,0 +1,309 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/policies/cookie"
+	"github.com/stickylb/stickylb/policies/keys"
+)
+
+func init() {
+	caddy.RegisterModule(new(AppCookie))
+}
+
+// Modes of app_cookie.
+const (
+	appModePrefix = "prefix"
+	appModeLearn  = "learn"
+)
+
+// prefixSep separates the sealed identity from the application's value, as HAProxy's
+// `cookie ... prefix` does. It is outside base64url, so the first one ends our prefix.
+const prefixSep = '~'
+
+// appPrefixYears is the lifetime sealed into a prefix when no ttl is set: the
+// application's own cookie lifetime then bounds the session.
+const appPrefixYears = 10
+
+// AppCookie follows the application's own session cookie NAME.
+//
+// In prefix mode (default) the upstream's `Set-Cookie: NAME=v` reaches the client as
+// NAME=<sealed identity>~v; requests are routed by the prefix and forwarded with the
+// original v. It keeps no state, so every Caddy node with the same secret routes the
+// session the same way. In learn mode the value v is remembered against the upstream that
+// set it (a bounded session table); requests whose v is not in this node's table go by
+// the consistent hash of v.
+//
+// Both modes need the response: add the stickylb handler to the route (the Caddyfile
+// directive `stickylb`, which sorts before reverse_proxy).
+type AppCookie struct {
+	// Name of the application's cookie, e.g. JSESSIONID.
+	Name string `json:"name,omitempty"`
+	// Mode is prefix (default) or learn.
+	Mode string `json:"mode,omitempty"`
+	// Secrets seal the prefix (prefix mode): the first seals, every one opens.
+	Secrets []string `json:"secrets,omitempty"`
+	KeyedOptions
+
+	codec   *cookie.Codec
+	core    keyedCore
+	ttl     time.Duration
+	context string
+	varKey  string
+	logger  *zap.Logger
+	now     func() time.Time
+	warn    sync.Once
+}
+
+// CaddyModule returns the Caddy module information.
+func (*AppCookie) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies.app_cookie",
+		New: func() caddy.Module { return new(AppCookie) },
+	}
+}
+
+// Provision sets up the policy.
+func (a *AppCookie) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	a.now = time.Now
+	if a.Name == "" {
+		return errors.New("app_cookie: the application's cookie name is required")
+	}
+	if a.Mode == "" {
+		a.Mode = appModePrefix
+	}
+	a.context = "app_cookie:" + a.Name
+	a.varKey = "stickylb.app_cookie." + a.Name
+	a.ttl = time.Duration(a.TTL)
+	switch a.Mode {
+	case appModePrefix:
+		if a.MaxSessions > 0 || a.Table != "" {
+			return fmt.Errorf("app_cookie %s: max_sessions and table apply to learn mode only (prefix mode keeps no table)", a.Name)
+		}
+		codec, err := newCodec(a.Secrets)
+		if err != nil {
+			return fmt.Errorf("app_cookie %s: %w", a.Name, err)
+		}
+		a.codec = codec
+		// The prefix carries the pin: no table (ttl bounds the prefix's validity instead).
+		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, false); err != nil {
+			return err
+		}
+	case appModeLearn:
+		if len(a.Secrets) > 0 {
+			return fmt.Errorf("app_cookie %s: secret applies to prefix mode only", a.Name)
+		}
+		if a.NoTable {
+			return fmt.Errorf("app_cookie %s: learn mode needs its table (no_table applies to other policies)", a.Name)
+		}
+		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, true); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("app_cookie %s: mode %q: want %s or %s", a.Name, a.Mode, appModePrefix, appModeLearn)
+	}
+	return nil
+}
+
+// Validate checks the configuration.
+func (a *AppCookie) Validate() error { return a.KeyedOptions.validate("app_cookie") }
+
+// Cleanup releases shared state.
+func (a *AppCookie) Cleanup() error { a.core.cleanup(); return nil }
+
+// appPin is what Select learned from the request's cookie, kept in the request's vars
+// because retries call Select again after the cookie was rewritten.
+type appPin struct {
+	id     string // identity from the prefix; "" when there was none or it did not open
+	reason string // why the prefix did not yield a pin
+	value  string // the application's own value
+}
+
+// Select routes by the cookie (prefix or learned value) and asks the handler to rewrite
+// or learn the response's Set-Cookie.
+func (a *AppCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	hk := hookFor(r)
+	if hk == nil {
+		a.warn.Do(func() {
+			a.logger.Error("app_cookie cannot see responses: add the `stickylb` handler to this route (before reverse_proxy); sessions are not kept until then",
+				zap.String("cookie", a.Name))
+		})
+		a.core.stats.repins.add("no_handler")
+	} else {
+		hk.onResponse(a, a.onResponse)
+	}
+	if a.Mode == appModeLearn {
+		return a.selectLearn(pool, r, w)
+	}
+	return a.selectPrefix(pool, r, w)
+}
+
+func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	pin, _ := caddyhttp.GetVar(r.Context(), a.varKey).(*appPin)
+	if pin == nil {
+		v, ok := requestCookie(r.Header, a.Name)
+		if !ok {
+			return a.pickNew(pool, r, w, "")
+		}
+		pin = &appPin{value: v}
+		if i := strings.IndexByte(v, prefixSep); i >= 0 {
+			pin.value = v[i+1:]
+			// The application must see its own value, whatever happens to the prefix.
+			replaceRequestCookie(r.Header, a.Name, pin.value)
+			p, err := a.codec.Open(v[:i], a.context, a.now())
+			switch {
+			case err == nil:
+				pin.id = p.Backend
+			case errors.Is(err, cookie.ErrExpired):
+				pin.reason = reasonExpired
+				a.core.stats.reject(cookie.Reason(err))
+			default:
+				pin.reason = reasonInvalid
+				a.core.stats.reject(cookie.Reason(err))
+			}
+		}
+		caddyhttp.SetVar(r.Context(), a.varKey, pin)
+	}
+	if pin.id == "" {
+		return a.pickNew(pool, r, w, pin.reason)
+	}
+	u := a.core.index.lookup(pool, pin.id)
+	t := triedFor(r)
+	switch {
+	case u == nil:
+		return a.pickNew(pool, r, w, reasonUnknown)
+	case t.has(u):
+		return a.pickNew(pool, r, w, reasonRetry)
+	case !usableForPinned(u):
+		return a.pickNew(pool, r, w, reasonUnavailable)
+	}
+	a.core.stats.hits.Add(1)
+	recordPick(r, u)
+	return u
+}
+
+// pickNew starts a session on a fallback pick; the upstream's Set-Cookie will carry it.
+func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter, reason string) *reverseproxy.Upstream {
+	u := a.core.selectUnkeyed(pool, r, w)
+	if u == nil {
+		return nil
+	}
+	if reason != "" {
+		a.core.stats.repins.add(reason)
+	} else {
+		a.core.stats.misses.Add(1)
+	}
+	return u
+}
+
+func (a *AppCookie) selectLearn(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	v, ok := requestCookie(r.Header, a.Name)
+	if !ok || v == "" {
+		return a.core.selectUnkeyed(pool, r, w)
+	}
+	return a.core.selectKey(pool, r, a.key(v))
+}
+
+// key is the table and hash key of an application value: the value itself, or a digest
+// when it is longer than the table keeps verbatim.
+func (a *AppCookie) key(v string) keys.Key {
+	return keys.NewKey(v, a.MaxKeyLength)
+}
+
+// onResponse rewrites (prefix) or learns (learn) the upstream's Set-Cookie for the cookie.
+func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
+	t := triedFor(r)
+	if t.empty() {
+		return
+	}
+	served := t.ups[len(t.ups)-1] // the last attempt is the one that answered
+	lines := h["Set-Cookie"]
+	for i, line := range lines {
+		if setCookieName(line) != a.Name {
+			continue
+		}
+		value, rest := splitSetCookie(line)
+		deleting := value == "" || isDeletion(rest)
+		switch a.Mode {
+		case appModeLearn:
+			if deleting {
+				if v, ok := requestCookie(r.Header, a.Name); ok && a.core.table != nil {
+					a.core.table.Delete(a.key(v).TableKey)
+				}
+				continue
+			}
+			if a.core.table != nil {
+				a.core.table.Put(a.key(value).TableKey, identity(served))
+			}
+		default:
+			if deleting {
+				continue
+			}
+			now := a.now()
+			exp := now.AddDate(appPrefixYears, 0, 0)
+			if a.ttl > 0 {
+				exp = now.Add(a.ttl)
+			}
+			prefix, err := a.codec.Seal(cookie.Payload{Backend: identity(served), Issued: now, Expires: exp}, a.context)
+			if err != nil {
+				if c := a.logger.Check(zap.ErrorLevel, "sealing app cookie prefix"); c != nil {
+					c.Write(zap.String("cookie", a.Name), zap.Error(err))
+				}
+				continue
+			}
+			lines[i] = a.Name + "=" + prefix + string(prefixSep) + value + rest
+		}
+	}
+}
+
+// splitSetCookie splits a Set-Cookie line into its value and the attributes that follow
+// (starting at the first ';', kept verbatim).
+func splitSetCookie(line string) (value, rest string) {
+	eq := strings.IndexByte(line, '=')
+	if eq < 0 {
+		return "", ""
+	}
+	v := line[eq+1:]
+	if i := strings.IndexByte(v, ';'); i >= 0 {
+		v, rest = v[:i], v[i:]
+	}
+	return strings.TrimSpace(v), rest
+}
+
+// isDeletion reports whether Set-Cookie attributes delete the cookie (Max-Age<=0 or an
+// Expires in the past), which must not be prefixed or learned.
+func isDeletion(attrs string) bool {
+	for _, a := range strings.Split(attrs, ";") {
+		k, v, _ := strings.Cut(strings.TrimSpace(a), "=")
+		switch strings.ToLower(k) {
+		case "max-age":
+			if v = strings.TrimSpace(v); v != "" && (v[0] == '-' || v == "0") {
+				return true
+			}
+		case "expires":
+			if t, err := http.ParseTime(strings.TrimSpace(v)); err == nil && t.Before(time.Now()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*AppCookie)(nil)
+	_ caddy.Validator       = (*AppCookie)(nil)
+	_ caddy.CleanerUpper    = (*AppCookie)(nil)
+	_ reverseproxy.Selector = (*AppCookie)(nil)
+)

@@ -1,0 +1,176 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/keys"
+	"github.com/stickylb/stickylb/policies/sessions"
+)
+
+// Defaults of the keyed policies' session tables.
+const (
+	defaultTableTTL    = 30 * time.Minute
+	defaultMaxSessions = 100_000
+)
+
+// KeyedOptions are the options every keyed policy (sticky_url, sticky_header, sticky_ip,
+// app_cookie) shares: a bounded session table consulted first, then the consistent hash of
+// the key, which Envoy computes the same way, then a fallback when the request has no key.
+type KeyedOptions struct {
+	// TTL of a session without requests. Default 30m (sticky_ip: no table unless set).
+	TTL caddy.Duration `json:"ttl,omitempty"`
+	// MaxSessions bounds the table; past it, expired sessions are swept and then the ones
+	// closest to expiry evicted. Default 100000.
+	MaxSessions int `json:"max_sessions,omitempty"`
+	// Table names the session table; handlers naming the same table share it, and it
+	// survives reloads. Default: derived from the policy and its key.
+	Table string `json:"table,omitempty"`
+	// NoTable turns the table off: the key's consistent hash alone decides (as Envoy).
+	NoTable bool `json:"no_table,omitempty"`
+	// Hash is maglev (default) or ring.
+	Hash string `json:"hash,omitempty"`
+	// TableSize is Maglev's lookup table size, a prime. Default 65537.
+	TableSize uint64 `json:"table_size,omitempty"`
+	// MinRingSize and MaxRingSize size the ring (as Envoy and gRPC). Default 1024 and 4096.
+	MinRingSize uint64 `json:"min_ring_size,omitempty"`
+	MaxRingSize uint64 `json:"max_ring_size,omitempty"`
+	// MaxKeyLength: keys longer than this are kept in the table by a digest. Default 256.
+	MaxKeyLength int `json:"max_key_length,omitempty"`
+	// FallbackRaw picks the upstream of a request that carries no key. Default
+	// weighted_least_conn.
+	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
+}
+
+// keyedCore is the machinery behind KeyedOptions.
+type keyedCore struct {
+	table    *sharedTable
+	tableKey string
+	hasher   *hashPicker
+	fallback reverseproxy.Selector
+	index    upstreamIndex
+	stats    *scopeStats
+	scope    string
+}
+
+// provision sets up the core. module is the policy whose embedded KeyedOptions is o (for
+// LoadModule of its FallbackRaw), defaultTable the table name used when none is configured,
+// useTable whether the policy keeps a session table.
+func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, defaultTable string, useTable bool) error {
+	var err error
+	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize); err != nil {
+		return fmt.Errorf("%s: %w", policy, err)
+	}
+	if o.MaxKeyLength == 0 {
+		o.MaxKeyLength = keys.DefaultMaxLen
+	}
+	name := o.Table
+	if name == "" {
+		name = defaultTable
+	}
+	k.scope = name
+	if useTable {
+		cfg := sessions.Config{TTL: time.Duration(o.TTL), MaxEntries: o.MaxSessions}
+		if cfg.TTL == 0 {
+			cfg.TTL = defaultTableTTL
+		}
+		if cfg.MaxEntries == 0 {
+			cfg.MaxEntries = defaultMaxSessions
+		}
+		if k.table, err = acquireTable(name, policy, cfg); err != nil {
+			return fmt.Errorf("%s: %w", policy, err)
+		}
+		k.tableKey = name
+	}
+	if o.FallbackRaw == nil {
+		o.FallbackRaw = caddyconfig.JSONModuleObject(WeightedLeastConn{}, "policy", "weighted_least_conn", nil)
+	}
+	mod, err := ctx.LoadModule(module, "FallbackRaw")
+	if err != nil {
+		return fmt.Errorf("%s: loading fallback selection policy: %w", policy, err)
+	}
+	k.fallback = mod.(reverseproxy.Selector)
+	k.stats = acquireScope(k.scope)
+	registerMetrics(ctx)
+	return nil
+}
+
+// validate checks the options shared by keyed policies.
+func (o *KeyedOptions) validate(policy string) error {
+	if o.TTL < 0 {
+		return fmt.Errorf("%s: ttl must not be negative", policy)
+	}
+	if o.MaxSessions < 0 {
+		return fmt.Errorf("%s: max_sessions must not be negative", policy)
+	}
+	if o.MaxKeyLength < 0 {
+		return fmt.Errorf("%s: max_key_length must not be negative", policy)
+	}
+	if o.NoTable && (o.TTL > 0 || o.MaxSessions > 0 || o.Table != "") {
+		return fmt.Errorf("%s: no_table conflicts with ttl, max_sessions and table", policy)
+	}
+	return nil
+}
+
+// cleanup releases shared state.
+func (k *keyedCore) cleanup() {
+	if k.table != nil {
+		releaseTable(k.tableKey)
+	}
+	if k.stats != nil {
+		releaseScope(k.scope)
+	}
+}
+
+// selectKey returns the upstream for key: its live mapping in the table if that upstream
+// may still serve, else the key's consistent hash among the upstreams eligible for new
+// sessions (remembered in the table).
+func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, key keys.Key) *reverseproxy.Upstream {
+	t := triedFor(r)
+	reason := ""
+	if k.table != nil {
+		if id, ok := k.table.Get(key.TableKey); ok {
+			u := k.index.lookup(pool, id)
+			switch {
+			case u == nil:
+				reason = reasonUnknown
+			case t.has(u):
+				reason = reasonRetry
+			case !usableForPinned(u):
+				reason = reasonUnavailable
+			default:
+				k.stats.hits.Add(1)
+				recordPick(r, u)
+				return u
+			}
+		}
+	}
+	u := k.hasher.pick(pool, chash.KeyHash(key.Value), t)
+	if u == nil {
+		return nil
+	}
+	if reason != "" {
+		k.stats.repins.add(reason)
+	} else {
+		k.stats.misses.Add(1)
+	}
+	if k.table != nil {
+		k.table.Put(key.TableKey, identity(u))
+	}
+	recordPick(r, u)
+	return u
+}
+
+// selectUnkeyed picks for a request without a key, with the fallback policy.
+func (k *keyedCore) selectUnkeyed(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	u := k.fallback.Select(poolForNew(pool, triedFor(r)), r, w)
+	recordPick(r, u)
+	return u
+}

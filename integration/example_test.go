@@ -1,0 +1,51 @@
+package integration
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCaddyfileExample runs README's first command's Caddyfile with the built binary: a
+// cookie jar keeps a client on one demo backend; clients without one are spread over all
+// three.
+func TestCaddyfileExample(t *testing.T) {
+	for _, a := range []string{"127.0.0.1:8080", "127.0.0.1:2019", "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"} {
+		if c, err := net.DialTimeout("tcp", a, 100*time.Millisecond); err == nil {
+			c.Close()
+			t.Fatalf("%s is already in use; Caddyfile.example needs it", a)
+		}
+	}
+	runCaddy(t, "../Caddyfile.example")
+	waitPort(t, "127.0.0.1:8080", 60*time.Second)
+	for _, a := range []string{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"} {
+		waitPort(t, a, 10*time.Second)
+	}
+	seen := map[string]int{}
+	for i := 0; i < 12; i++ {
+		c := newClient(t, "")
+		code, first := c.get(t, "http://localhost:8080/")
+		if code != 200 || !strings.HasPrefix(first, "backend-") {
+			t.Fatalf("%d %q", code, first)
+		}
+		seen[first]++
+		for j := 0; j < 5; j++ {
+			if code, got := c.get(t, "http://localhost:8080/"); code != 200 || got != first {
+				t.Fatalf("client %d: %d %q after %q", i, code, got, first)
+			}
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("new sessions reached %v, want all three backends", seen)
+	}
+	var info struct {
+		Scopes map[string]struct {
+			Hits uint64 `json:"hits"`
+		} `json:"scopes"`
+	}
+	getJSON(t, "http://localhost:2019/stickylb/sessions", &info)
+	if h := info.Scopes["sticky_cookie:lb_session"].Hits; h != 60 {
+		t.Fatalf("admin API counts %d hits, want 60", h)
+	}
+}

@@ -536,3 +536,37 @@ func TestAdminSessionsTable(t *testing.T) {
 		t.Fatalf("metrics missing stickylb series:\n%s", b)
 	}
 }
+
+// TestReloadKeepsSessions: a `caddy reload` (a new config with the same table) keeps the
+// session table and its mappings.
+func TestReloadKeepsSessions(t *testing.T) {
+	bs := startBackends(t, 3)
+	policy := "\t\tlb_policy sticky_header X-Session {\n table reload-test\n ttl 10m\n }"
+	base := serve(t, bs, policy)
+	c := newClient(t, "")
+	pins := map[string]string{}
+	for i := 0; i < 30; i++ {
+		k := fmt.Sprintf("X-Session: r%d", i)
+		_, pins[k] = c.get(t, base+"/", k)
+	}
+	// Reload with the upstreams in another order and a changed ttl: a new config, the same table.
+	port := strings.TrimPrefix(base, "http://127.0.0.1:")
+	cfg := fmt.Sprintf("{\n\tadmin localhost:2999\n\tauto_https off\n\tskip_install_trust\n\thttp_port %s\n}\n:%s {\n\treverse_proxy %s %s %s {\n\t\tlb_policy sticky_header X-Session {\n\t\t\ttable reload-test\n\t\t\tttl 20m\n\t\t}\n\t}\n}\n",
+		port, port, bs[2].addr, bs[1].addr, bs[0].addr)
+	caddytest.NewTester(t).InitServer(cfg, "caddyfile")
+	var info struct {
+		Tables map[string]struct {
+			Entries int    `json:"entries"`
+			TTL     string `json:"ttl"`
+		} `json:"tables"`
+	}
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	if tab := info.Tables["reload-test"]; tab.Entries != 30 || tab.TTL != "20m0s" {
+		t.Fatalf("after reload: %+v", info.Tables)
+	}
+	for k, want := range pins {
+		if _, got := c.get(t, base+"/", k); got != want {
+			t.Fatalf("%s moved from %s to %s across the reload", k, want, got)
+		}
+	}
+}

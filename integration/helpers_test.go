@@ -124,7 +124,8 @@ func newClient(t *testing.T, localIP string) *client {
 	if localIP != "" {
 		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
 	}
-	tr := &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 4}
+	// A new connection per request: sessions must hold across connections, not ride one.
+	tr := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &client{&http.Client{Jar: jar, Transport: tr, Timeout: 10 * time.Second}}
 }

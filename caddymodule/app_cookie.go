@@ -178,15 +178,9 @@ func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request
 	if pin.id == "" {
 		return a.pickNew(pool, r, w, pin.reason)
 	}
-	u := a.core.index.lookup(pool, pin.id)
-	t := triedFor(r)
-	switch {
-	case u == nil:
-		return a.pickNew(pool, r, w, reasonUnknown)
-	case t.has(u):
-		return a.pickNew(pool, r, w, reasonRetry)
-	case !usableForPinned(u):
-		return a.pickNew(pool, r, w, reasonUnavailable)
+	u, reason := checkPin(&a.core.index, pool, pin.id, triedFor(r))
+	if u == nil {
+		return a.pickNew(pool, r, w, reason)
 	}
 	a.core.stats.hits.Add(1)
 	recordPick(r, u)

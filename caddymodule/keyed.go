@@ -137,15 +137,8 @@ func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, k
 	reason := ""
 	if k.table != nil {
 		if id, ok := k.table.Get(key.TableKey); ok {
-			u := k.index.lookup(pool, id)
-			switch {
-			case u == nil:
-				reason = reasonUnknown
-			case t.has(u):
-				reason = reasonRetry
-			case !usableForPinned(u):
-				reason = reasonUnavailable
-			default:
+			var u *reverseproxy.Upstream
+			if u, reason = checkPin(&k.index, pool, id, t); u != nil {
 				k.stats.hits.Add(1)
 				recordPick(r, u)
 				return u

@@ -205,15 +205,8 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 			}
 			s.stats.reject(cookie.Reason(err))
 		default:
-			u := s.index.lookup(pool, id)
-			switch {
-			case u == nil:
-				reason = reasonUnknown
-			case t.has(u):
-				reason = reasonRetry
-			case !usableForPinned(u):
-				reason = reasonUnavailable
-			default:
+			var u *reverseproxy.Upstream
+			if u, reason = checkPin(&s.index, pool, id, t); u != nil {
 				s.stats.hits.Add(1)
 				if s.Format == formatSealed && expires.Sub(now) < s.ttl/2 {
 					s.setCookie(r, w, u, now)

@@ -52,6 +52,22 @@ func (x *upstreamIndex) lookup(pool reverseproxy.UpstreamPool, id string) *rever
 // usableForPinned reports whether a session pinned to u may keep using it.
 func usableForPinned(u *reverseproxy.Upstream) bool { return u.Available() }
 
+// checkPin returns the upstream of pool a session pinned to id may use for this request,
+// or nil and the re-pin reason: the upstream is gone, just failed this request, or is
+// unavailable.
+func checkPin(x *upstreamIndex, pool reverseproxy.UpstreamPool, id string, t *tried) (*reverseproxy.Upstream, string) {
+	u := x.lookup(pool, id)
+	switch {
+	case u == nil:
+		return nil, reasonUnknown
+	case t.has(u):
+		return nil, reasonRetry
+	case !usableForPinned(u):
+		return nil, reasonUnavailable
+	}
+	return u, ""
+}
+
 // usableForNew reports whether u may take a new session.
 func usableForNew(u *reverseproxy.Upstream) bool {
 	return u.Available() && !drains.drained(identity(u))

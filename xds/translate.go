@@ -1,0 +1,390 @@
+// Package xds turns a pools file and a health view into Envoy resources (per node, from the
+// node's locality) and serves them over ADS and the per-type xDS services with
+// go-control-plane, to Envoy fleets and proxyless gRPC clients.
+package xds
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	statefulv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/stateful_session/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	cookiestatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/cookie/v3"
+	lbcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/common/v3"
+	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+	maglevv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/maglev/v3"
+	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
+	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
+	httptypev3 "github.com/envoyproxy/go-control-plane/envoy/type/http/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/zones"
+)
+
+// OverprovisioningFactor is pinned on every ClusterLoadAssignment: Envoy's default (1.4)
+// spills a priority's load to the next one as soon as under 71% of its hosts are healthy,
+// which would send a zone's traffic across zones with cross_zone off while it still has
+// healthy hosts. 10000x keeps the load on a priority while any of its hosts is healthy.
+const OverprovisioningFactor = 1_000_000
+
+// Node is what the translation needs of a subscribing node.
+type Node struct {
+	ID   string
+	Zone string // locality zone; "" for a node outside every zone
+}
+
+// HealthView says what state the fleet-wide checker sees for a backend; nil or Unknown means
+// no verdict yet (published as UNKNOWN, which Envoy and gRPC route to).
+type HealthView func(service string, b *pools.Backend) health.State
+
+// Resources is one node's snapshot content.
+type Resources struct {
+	Listeners []proto.Message
+	Routes    []proto.Message
+	Clusters  []proto.Message
+	Endpoints []proto.Message
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(fmt.Sprintf("packing %T: %v", m, err)) // only registered message types are packed
+	}
+	return a
+}
+
+func typed(name string, m proto.Message) *corev3.TypedExtensionConfig {
+	return &corev3.TypedExtensionConfig{Name: name, TypedConfig: mustAny(m)}
+}
+
+// Translate builds the resources a node sees for every http, grpc and tcp service of f.
+func Translate(f *pools.File, node Node, view HealthView) (*Resources, error) {
+	r := &Resources{}
+	for _, s := range f.Services {
+		if s.Protocol == pools.ProtocolUDP {
+			continue // UDP services are served by the XDP forwarder only
+		}
+		if s.Protocol == pools.ProtocolTCP && s.Listen == "" {
+			continue // a VIP-only service
+		}
+		c, err := cluster(s)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: %w", s.Name, err)
+		}
+		r.Clusters = append(r.Clusters, c)
+		r.Endpoints = append(r.Endpoints, loadAssignment(s, node, view))
+		switch s.Protocol {
+		case pools.ProtocolHTTP, pools.ProtocolGRPC:
+			r.Routes = append(r.Routes, routeConfig(s))
+			l, err := httpListener(s)
+			if err != nil {
+				return nil, fmt.Errorf("service %s: %w", s.Name, err)
+			}
+			r.Listeners = append(r.Listeners, l)
+		case pools.ProtocolTCP:
+			l, err := tcpListener(s)
+			if err != nil {
+				return nil, fmt.Errorf("service %s: %w", s.Name, err)
+			}
+			r.Listeners = append(r.Listeners, l)
+		}
+	}
+	return r, nil
+}
+
+func slowStart(ss *pools.SlowStart) *lbcommonv3.SlowStartConfig {
+	if ss == nil || ss.Window == 0 {
+		return nil
+	}
+	return &lbcommonv3.SlowStartConfig{
+		SlowStartWindow:  durationpb.New(ss.Window),
+		Aggression:       &corev3.RuntimeDouble{DefaultValue: ss.Aggression, RuntimeKey: "stickylb.slow_start.aggression"},
+		MinWeightPercent: &typev3.Percent{Value: ss.MinWeightPercent},
+	}
+}
+
+// lbPolicy is the typed load_balancing_policy list (never lb_policy: gRPC rejects MAGLEV):
+// maglev falls back to the ring for clients without Maglev.
+func lbPolicy(s *pools.Service) *clusterv3.LoadBalancingPolicy {
+	ring := &ringhashv3.RingHash{
+		HashFunction:    ringhashv3.RingHash_XX_HASH,
+		MinimumRingSize: wrapperspb.UInt64(s.Hash.MinRingSize),
+		MaximumRingSize: wrapperspb.UInt64(s.Hash.MaxRingSize),
+	}
+	if s.Hash.BoundedLoad > 0 {
+		ring.HashBalanceFactor = wrapperspb.UInt32(s.Hash.BoundedLoad)
+	}
+	// Hosts are placed by their identity: with a hash_key anywhere, every endpoint carries
+	// its identity as hostname and the hashes use it.
+	byHostname := usesHashKeys(s)
+	if byHostname {
+		ring.ConsistentHashingLbConfig = &lbcommonv3.ConsistentHashingLbConfig{UseHostnameForHashing: true}
+	}
+	var ps []*clusterv3.LoadBalancingPolicy_Policy
+	add := func(name string, m proto.Message) {
+		ps = append(ps, &clusterv3.LoadBalancingPolicy_Policy{TypedExtensionConfig: typed(name, m)})
+	}
+	switch s.Balance {
+	case pools.BalanceMaglev:
+		m := &maglevv3.Maglev{TableSize: wrapperspb.UInt64(s.Hash.TableSize)}
+		if s.Hash.BoundedLoad > 0 || byHostname {
+			m.ConsistentHashingLbConfig = &lbcommonv3.ConsistentHashingLbConfig{UseHostnameForHashing: byHostname}
+			if s.Hash.BoundedLoad > 0 {
+				m.ConsistentHashingLbConfig.HashBalanceFactor = wrapperspb.UInt32(s.Hash.BoundedLoad)
+			}
+		}
+		add("envoy.load_balancing_policies.maglev", m)
+		add("envoy.load_balancing_policies.ring_hash", ring)
+	case pools.BalanceRingHash:
+		add("envoy.load_balancing_policies.ring_hash", ring)
+	case pools.BalanceRoundRobin:
+		add("envoy.load_balancing_policies.round_robin", &roundrobinv3.RoundRobin{SlowStartConfig: slowStart(s.SlowStart)})
+	default:
+		add("envoy.load_balancing_policies.least_request", &leastrequestv3.LeastRequest{SlowStartConfig: slowStart(s.SlowStart)})
+	}
+	return &clusterv3.LoadBalancingPolicy{Policies: ps}
+}
+
+func usesHashKeys(s *pools.Service) bool {
+	return slices.ContainsFunc(s.Backends, func(b *pools.Backend) bool { return b.HashKey != "" })
+}
+
+// pinsSessions reports whether the service keeps sessions on a draining host (Envoy's
+// stateful_session cookie does, through override_host_status).
+func pinsSessions(s *pools.Service) bool {
+	return s.Affinity.Mode == pools.ModeCookie || s.Affinity.Mode == pools.ModeAppCookie
+}
+
+func cluster(s *pools.Service) (*clusterv3.Cluster, error) {
+	c := &clusterv3.Cluster{
+		Name:                 s.Name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{
+			EdsConfig: &corev3.ConfigSource{
+				ResourceApiVersion:    corev3.ApiVersion_V3,
+				ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+			},
+		},
+		ConnectTimeout:      durationpb.New(5 * time.Second),
+		LoadBalancingPolicy: lbPolicy(s),
+		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
+			// Never route to hosts known to be down (Envoy's default 50% panics into them).
+			HealthyPanicThreshold: &typev3.Percent{Value: 0},
+		},
+	}
+	if pinsSessions(s) {
+		// A pinned session stays on a DRAINING host (drain: true, drained zones).
+		c.CommonLbConfig.OverrideHostStatus = &corev3.HealthStatusSet{Statuses: []corev3.HealthStatus{
+			corev3.HealthStatus_UNKNOWN, corev3.HealthStatus_HEALTHY, corev3.HealthStatus_DRAINING,
+		}}
+	}
+	if s.Protocol == pools.ProtocolGRPC {
+		c.TypedExtensionProtocolOptions = nil // gRPC clients speak HTTP/2 to their backends natively
+	}
+	return c, nil
+}
+
+func socketAddress(addr string) (*corev3.Address, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("address %q: %w", addr, err)
+	}
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address:       ap.Addr().String(),
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ap.Port())},
+	}}}, nil
+}
+
+func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.ClusterLoadAssignment {
+	byID := map[string]*pools.Backend{}
+	bs := make([]zones.Backend, 0, len(s.Backends))
+	for _, b := range s.Backends {
+		byID[b.Identity()] = b
+		bs = append(bs, zones.Backend{ID: b.Identity(), Zone: b.Zone, Weight: float64(b.Weight), Healthy: true, Drain: b.Drain})
+	}
+	cla := &endpointv3.ClusterLoadAssignment{
+		ClusterName: s.Name,
+		Policy:      &endpointv3.ClusterLoadAssignment_Policy{OverprovisioningFactor: wrapperspb.UInt32(OverprovisioningFactor)},
+	}
+	for _, l := range zones.Localities(node.Zone, bs, zones.Policy{CrossZone: s.CrossZone, DrainedZones: s.DrainedZones}) {
+		le := &endpointv3.LocalityLbEndpoints{
+			Locality:            &corev3.Locality{Zone: l.Zone},
+			Priority:            l.Priority,
+			LoadBalancingWeight: wrapperspb.UInt32(uint32(l.Weight)),
+		}
+		for _, e := range l.Endpoints {
+			b := byID[e.ID]
+			addr, _ := socketAddress(b.Address) // validated by the pools parser
+			status := corev3.HealthStatus_UNKNOWN
+			if view != nil {
+				switch view(s.Name, b) {
+				case health.Healthy:
+					status = corev3.HealthStatus_HEALTHY
+				case health.Unhealthy:
+					status = corev3.HealthStatus_UNHEALTHY
+				}
+			}
+			if e.Draining && status != corev3.HealthStatus_UNHEALTHY {
+				status = corev3.HealthStatus_DRAINING
+			}
+			ep := &endpointv3.Endpoint{Address: addr}
+			if usesHashKeys(s) {
+				ep.Hostname = b.Identity()
+			}
+			le.LbEndpoints = append(le.LbEndpoints, &endpointv3.LbEndpoint{
+				HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: ep},
+				HealthStatus:        status,
+				LoadBalancingWeight: wrapperspb.UInt32(b.Weight),
+			})
+		}
+		cla.Endpoints = append(cla.Endpoints, le)
+	}
+	return cla
+}
+
+// hashPolicies maps the service's affinity to route hash policies (keyed modes).
+func hashPolicies(s *pools.Service) []*routev3.RouteAction_HashPolicy {
+	a := s.Affinity
+	switch a.Mode {
+	case pools.ModeHeader:
+		return []*routev3.RouteAction_HashPolicy{{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: a.Header.Name}}}}
+	case pools.ModeSourceIP:
+		return []*routev3.RouteAction_HashPolicy{{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
+			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: true}}}}
+	case pools.ModeURL:
+		if a.URL.Source == pools.URLQuery {
+			return []*routev3.RouteAction_HashPolicy{{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
+				QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: a.URL.Query}}}}
+		}
+		// Path segments and suffixes hash the :path header; Envoy has no per-segment hash.
+		return []*routev3.RouteAction_HashPolicy{{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: ":path"}}}}
+	}
+	return nil
+}
+
+func routeConfig(s *pools.Service) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{
+		Name: s.Name,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    s.Name,
+			Domains: []string{"*"},
+			Routes: []*routev3.Route{{
+				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: s.Name},
+					HashPolicy:       hashPolicies(s),
+				}},
+			}},
+		}},
+	}
+}
+
+// httpFilters: stateful_session for cookie modes (optional: gRPC may not know it), then the
+// router, last as Envoy requires.
+func httpFilters(s *pools.Service) []*hcmv3.HttpFilter {
+	var fs []*hcmv3.HttpFilter
+	if pinsSessions(s) {
+		name := pools.DefaultCookieName
+		path := "/"
+		if s.Affinity.Mode == pools.ModeCookie {
+			name, path = s.Affinity.Cookie.Name, s.Affinity.Cookie.Path
+		} else {
+			// Envoy cannot prefix the application's cookie; it pins the issuing host with its
+			// own cookie, named after the application's.
+			name = "stickylb_" + s.Affinity.AppCookie.Name
+		}
+		fs = append(fs, &hcmv3.HttpFilter{
+			Name: "envoy.filters.http.stateful_session",
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&statefulv3.StatefulSession{
+				SessionState: typed("envoy.http.stateful_session.cookie", &cookiestatev3.CookieBasedSessionState{
+					Cookie: &httptypev3.Cookie{Name: name, Path: path, Ttl: durationpb.New(s.Affinity.TTL)},
+				}),
+			})},
+			IsOptional: true,
+		})
+	}
+	return append(fs, &hcmv3.HttpFilter{
+		Name:       "envoy.filters.http.router",
+		ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
+	})
+}
+
+func hcm(s *pools.Service) *hcmv3.HttpConnectionManager {
+	return &hcmv3.HttpConnectionManager{
+		StatPrefix: s.Name,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			RouteConfigName: s.Name,
+			ConfigSource: &corev3.ConfigSource{
+				ResourceApiVersion:    corev3.ApiVersion_V3,
+				ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+			},
+		}},
+		HttpFilters: httpFilters(s),
+	}
+}
+
+// httpListener: a socket listener for Envoy when the service has listen, and for grpc an
+// api_listener named after the service, which proxyless clients resolve for xds:///NAME.
+func httpListener(s *pools.Service) (*listenerv3.Listener, error) {
+	if s.Protocol == pools.ProtocolGRPC && s.Listen == "" {
+		return &listenerv3.Listener{
+			Name:        s.Name,
+			ApiListener: &listenerv3.ApiListener{ApiListener: mustAny(hcm(s))},
+		}, nil
+	}
+	addr, err := socketAddress(s.Listen)
+	if err != nil {
+		return nil, err
+	}
+	l := &listenerv3.Listener{
+		Name:    s.Name,
+		Address: addr,
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name:       "envoy.filters.network.http_connection_manager",
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm(s))},
+		}}}},
+	}
+	if s.Protocol == pools.ProtocolGRPC {
+		l.ApiListener = &listenerv3.ApiListener{ApiListener: mustAny(hcm(s))}
+	}
+	return l, nil
+}
+
+func tcpListener(s *pools.Service) (*listenerv3.Listener, error) {
+	addr, err := socketAddress(s.Listen)
+	if err != nil {
+		return nil, err
+	}
+	tp := &tcpproxyv3.TcpProxy{
+		StatPrefix:       s.Name,
+		ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: s.Name},
+	}
+	if s.Affinity.Mode == pools.ModeSourceIP {
+		tp.HashPolicy = []*typev3.HashPolicy{{PolicySpecifier: &typev3.HashPolicy_SourceIp_{SourceIp: &typev3.HashPolicy_SourceIp{}}}}
+	}
+	return &listenerv3.Listener{
+		Name:    s.Name,
+		Address: addr,
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name:       "envoy.filters.network.tcp_proxy",
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(tp)},
+		}}}},
+	}, nil
+}

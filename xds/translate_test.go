@@ -177,7 +177,7 @@ func TestValidateRejects(t *testing.T) {
 		m    proto.Message
 		want string
 	}{
-		"router not last": {&listenerv3.Listener{Name: "l", ApiListener: &listenerv3.ApiListener{ApiListener: mustAny(badHCM)}}, "router filter must be last"},
+		"router not last":  {&listenerv3.Listener{Name: "l", ApiListener: &listenerv3.ApiListener{ApiListener: mustAny(badHCM)}}, "router filter must be last"},
 		"non-prime maglev": {cluster(&maglevv3.Maglev{TableSize: wrapperspb.UInt64(65536)}, "envoy.load_balancing_policies.maglev"), "not prime"},
 		// PGV's rule on RingHash, reachable only by opening the Any.
 		"ring too large inside Any": {cluster(&ringhashv3.RingHash{MaximumRingSize: wrapperspb.UInt64(1 << 30)}, "envoy.load_balancing_policies.ring_hash"), "MaximumRingSize"},

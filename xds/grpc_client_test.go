@@ -1,0 +1,163 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	xdsgrpc "google.golang.org/grpc/xds"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// grpcBackend answers health Checks, telling which backend served in a response header.
+type grpcBackend struct {
+	healthpb.UnimplementedHealthServer
+	name, addr string
+	srv        *grpc.Server
+}
+
+func (b *grpcBackend) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	grpc.SetHeader(ctx, metadata.Pairs("backend", b.name))
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+func startGRPCBackends(t *testing.T, n int) []*grpcBackend {
+	var bs []*grpcBackend
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &grpcBackend{name: fmt.Sprintf("b%d", i+1), addr: ln.Addr().String(), srv: grpc.NewServer()}
+		healthpb.RegisterHealthServer(b.srv, b)
+		go b.srv.Serve(ln)
+		t.Cleanup(b.srv.Stop)
+		bs = append(bs, b)
+	}
+	return bs
+}
+
+// startXDS serves f on loopback and returns the server and its address.
+func startXDS(t *testing.T, f *pools.File) (*Server, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := NewServer(ctx, f, nil, zaptest.NewLogger(t))
+	g := grpc.NewServer()
+	s.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	return s, ln.Addr().String()
+}
+
+// dialXDS is one simulated node: its own bootstrap (node id and zone) and resolver.
+func dialXDS(t *testing.T, xdsAddr, nodeID, zone, service string) *grpc.ClientConn {
+	t.Helper()
+	bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q,"locality":{"zone":%q}}}`, xdsAddr, nodeID, zone)
+	rb, err := xdsgrpc.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///"+service, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func call(ctx context.Context, cc *grpc.ClientConn, key string) (string, error) {
+	var hdr metadata.MD
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-session", key)
+	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr))
+	if err != nil {
+		return "", err
+	}
+	if v := hdr.Get("backend"); len(v) == 1 {
+		return v[0], nil
+	}
+	return "", fmt.Errorf("no backend header: %v", hdr)
+}
+
+func grpcPools(t *testing.T, bs []*grpcBackend, weights []int, extra string) *pools.File {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("services:\n  - name: api\n    protocol: grpc\n    affinity: {mode: header, header: {name: x-session}}\n    balance: ring_hash\n    hash: {min_ring_size: 1024, max_ring_size: 4096}\n" + extra + "    backends:\n")
+	for i, be := range bs {
+		fmt.Fprintf(&b, "      - {address: %q, weight: %d, zone: zone-a}\n", be.addr, weights[i])
+	}
+	f, err := pools.Parse("grpc.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestGRPCRingHashFollowsPolicies: a real grpc-go xDS client subscribed to our server keeps
+// each x-session key on one backend, and on exactly the backend policies' ring predicts,
+// with unequal weights. grpc-go's default weighted pick-first shuffling turns endpoint
+// weights into rounded fractions, so the exact comparison runs with
+// GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false (grpc reads it at start: the test re-runs
+// itself in a child process with it set).
+func TestGRPCRingHashFollowsPolicies(t *testing.T) {
+	if os.Getenv("GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING") != "false" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestGRPCRingHashFollowsPolicies$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false")
+		out, err := cmd.CombinedOutput()
+		t.Logf("child (GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false):\n%s", out)
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestGRPCRingHashFollowsPolicies") {
+			t.Fatalf("child failed: %v", err)
+		}
+		return
+	}
+	bs := startGRPCBackends(t, 3)
+	weights := []int{3, 1, 2}
+	f := grpcPools(t, bs, weights, "")
+	_, xdsAddr := startXDS(t, f)
+	cc := dialXDS(t, xdsAddr, "grpc-a", "zone-a", "api")
+	hosts := make([]chash.Host, len(bs))
+	nameOf := map[string]string{}
+	for i, b := range bs {
+		hosts[i] = chash.Host{ID: b.addr, Weight: uint32(weights[i])}
+		nameOf[b.addr] = b.name
+	}
+	ring, err := chash.NewRing(hosts, 1024, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	counts := map[string]int{}
+	const keys = 300
+	for i := 0; i < keys; i++ {
+		key := fmt.Sprintf("session-%04d", i)
+		want := bs[ring.Pick(chash.KeyHash(key))].name
+		for j := 0; j < 3; j++ {
+			got, err := call(ctx, cc, key)
+			if err != nil {
+				t.Fatalf("%s: %v", key, err)
+			}
+			if got != want {
+				t.Fatalf("%s went to %s; the policies ring says %s", key, got, want)
+			}
+		}
+		counts[want]++
+	}
+	t.Logf("%d keys, all on the predicted backend, 3 calls each; per backend (weights 3:1:2): %v", keys, counts)
+}

@@ -27,7 +27,7 @@ import (
 
 // Stats are the server's counters (exported as Prometheus metrics by the admin endpoint).
 type Stats struct {
-	Pushes, NACKs, Reloads, ReloadErrors, Rollbacks atomic.Uint64
+	Pushes, NACKs, Reloads, ReloadErrors, Rollbacks, HealthTransitions atomic.Uint64
 }
 
 // nodeState is what the server keeps per subscribing node.
@@ -48,6 +48,10 @@ type Server struct {
 	xds   serverv3.Server
 	view  HealthView
 	Stats Stats
+
+	// mutate, when set, edits every translation before validation (tests use it to serve
+	// resources a client rejects).
+	mutate func(*Resources)
 
 	mu      sync.Mutex
 	file    *pools.File
@@ -124,6 +128,9 @@ func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot
 	r, err := Translate(f, n, s.view)
 	if err != nil {
 		return nil, err
+	}
+	if s.mutate != nil {
+		s.mutate(r)
 	}
 	if err := r.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("validating resources: %w", err)

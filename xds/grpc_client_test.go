@@ -57,13 +57,19 @@ func startXDS(t *testing.T, f *pools.File) (*Server, string) {
 	s := NewServer(ctx, f, nil, zaptest.NewLogger(t))
 	g := grpc.NewServer()
 	s.Register(g)
+	ln := listen(t)
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	return s, ln.Addr().String()
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	return s, ln.Addr().String()
+	return ln
 }
 
 // dialXDS is one simulated node: its own bootstrap (node id and zone) and resolver.

@@ -108,7 +108,8 @@ type Locality struct {
 //   - off: the node's zone at priority 0, the other zones at priority 1 (failover only);
 //     a node in no zone of the service ("" or unknown) sees every zone at priority 0;
 //   - drained zones go below all of them, at the lowest priority, with every endpoint
-//     Draining: they take no new traffic unless nothing else is left.
+//     Draining: they take no new traffic unless nothing else is left;
+//   - priorities are then renumbered from 0 without gaps, as Envoy and gRPC require.
 //
 // Localities are ordered by priority, then zone; endpoints by ID (Envoy walks EDS in order,
 // so every node must see one order).
@@ -144,6 +145,17 @@ func Localities(nodeZone string, backends []Backend, p Policy) []Locality {
 		}
 		slices.SortFunc(l.Endpoints, func(a, b Endpoint) int { return strings.Compare(a.ID, b.ID) })
 		out = append(out, *l)
+	}
+	// Envoy and gRPC need priorities numbered from 0 without gaps (a drained own zone leaves
+	// priority 0 empty otherwise).
+	var prios []uint32
+	for _, l := range out {
+		prios = append(prios, l.Priority)
+	}
+	slices.Sort(prios)
+	prios = slices.Compact(prios)
+	for i := range out {
+		out[i].Priority = uint32(slices.Index(prios, out[i].Priority))
 	}
 	slices.SortFunc(out, func(a, b Locality) int {
 		if a.Priority != b.Priority {

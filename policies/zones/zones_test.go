@@ -99,7 +99,7 @@ func TestLocalities(t *testing.T) {
 		t.Fatalf("a node outside every zone sees all at P0: %+v", unknown)
 	}
 	shift := Localities("A", bs, Policy{CrossZone: false, DrainedZones: []string{"A"}})
-	if shift[0].Zone != "B" || shift[0].Priority != 1 || shift[1].Zone != "A" || shift[1].Priority != 2 {
+	if shift[0].Zone != "B" || shift[0].Priority != 0 || shift[1].Zone != "A" || shift[1].Priority != 1 {
 		t.Fatalf("drained own zone goes last: %+v", shift)
 	}
 	for _, e := range shift[1].Endpoints {

@@ -1,0 +1,145 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// Monitor probes every service's backends with the policies health checker, so that the
+// whole fleet sees one health view (no in-proxy checks), and rebuilds the snapshots on each
+// transition.
+type Monitor struct {
+	log  *zap.Logger
+	opts []health.Option
+
+	mu       sync.Mutex
+	checkers map[string]*runningChecker // by service name
+	onChange func()
+}
+
+type runningChecker struct {
+	c      *health.Checker
+	cfg    pools.HealthCheck
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewMonitor returns a monitor; onChange runs after every transition (the server's Refresh).
+func NewMonitor(log *zap.Logger, onChange func(), opts ...health.Option) *Monitor {
+	return &Monitor{log: log, opts: opts, checkers: map[string]*runningChecker{}, onChange: onChange}
+}
+
+// View is the health view for Translate: Unknown for services without checks.
+func (m *Monitor) View(service string, b *pools.Backend) health.State {
+	m.mu.Lock()
+	rc := m.checkers[service]
+	m.mu.Unlock()
+	if rc == nil {
+		return health.Unknown
+	}
+	st, ok := rc.c.Lookup(b.Identity())
+	if !ok {
+		return health.Unknown
+	}
+	return st.State
+}
+
+func checkerConfig(hc *pools.HealthCheck) health.Config {
+	return health.Config{
+		Protocol:           health.Protocol(hc.Protocol),
+		Path:               hc.Path,
+		ExpectStatus:       hc.ExpectStatus,
+		Port:               hc.Port,
+		Interval:           hc.Interval,
+		Timeout:            hc.Timeout,
+		HealthyThreshold:   hc.HealthyThreshold,
+		UnhealthyThreshold: hc.UnhealthyThreshold,
+	}
+}
+
+// Apply starts, retargets or stops checkers for f. A service whose check config is
+// unchanged keeps its checker (and its view) with the new targets.
+func (m *Monitor) Apply(ctx context.Context, f *pools.File) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	seen := map[string]bool{}
+	for _, s := range f.Services {
+		if s.HealthCheck == nil {
+			continue
+		}
+		seen[s.Name] = true
+		targets := make([]health.Target, 0, len(s.Backends))
+		for _, b := range s.Backends {
+			addr := b.Address
+			if s.HealthCheck.Protocol == pools.HealthICMP {
+				addr = b.AddrPort().Addr().String()
+			}
+			targets = append(targets, health.Target{ID: b.Identity(), Address: addr})
+		}
+		rc := m.checkers[s.Name]
+		if rc != nil && !sameCheck(rc.cfg, *s.HealthCheck) {
+			m.stopLocked(s.Name)
+			rc = nil
+		}
+		if rc == nil {
+			c, err := health.NewChecker(checkerConfig(s.HealthCheck), m.opts...)
+			if err != nil {
+				return fmt.Errorf("service %s: health checker: %w", s.Name, err)
+			}
+			cctx, cancel := context.WithCancel(ctx)
+			rc = &runningChecker{c: c, cfg: *s.HealthCheck, cancel: cancel, done: make(chan struct{})}
+			m.checkers[s.Name] = rc
+			events, unsub := c.Subscribe(64)
+			go func() {
+				defer unsub()
+				for {
+					select {
+					case <-cctx.Done():
+						return
+					case tr := <-events:
+						m.log.Info("backend health changed", zap.String("service", s.Name), zap.String("backend", tr.ID),
+							zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
+						m.onChange()
+					}
+				}
+			}()
+			go func() { defer close(rc.done); _ = c.Run(cctx) }()
+		}
+		if err := rc.c.SetTargets(targets); err != nil {
+			return fmt.Errorf("service %s: health targets: %w", s.Name, err)
+		}
+	}
+	for name := range m.checkers {
+		if !seen[name] {
+			m.stopLocked(name)
+		}
+	}
+	return nil
+}
+
+func sameCheck(a, b pools.HealthCheck) bool {
+	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+func (m *Monitor) stopLocked(name string) {
+	if rc := m.checkers[name]; rc != nil {
+		rc.cancel()
+		<-rc.done
+		delete(m.checkers, name)
+	}
+}
+
+// Stop ends every checker.
+func (m *Monitor) Stop() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name := range m.checkers {
+		m.stopLocked(name)
+	}
+}

@@ -81,7 +81,7 @@ func TestPoolsEditFollowedAndInvalidEditIgnored(t *testing.T) {
 	s, addr := startXDS(t, f)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	go Watch(ctx, path, 50*time.Millisecond, s, zaptest.NewLogger(t))
+	go Watch(ctx, path, 50*time.Millisecond, s, zaptest.NewLogger(t), nil)
 	cc := dialXDS(t, addr, "edit-node", "zone-a", "api")
 	if c, err := spread(ctx, t, cc, 60); err != nil || c["b3"] == 0 {
 		t.Fatalf("before the edit: %v %v", c, err)

@@ -15,8 +15,9 @@ import (
 // Watch reloads path into s whenever its content changes, polling every interval (polling
 // survives editors that replace the file and config-map symlink swaps, which inotify
 // watches on the file lose). An invalid edit is logged with every file:line, counted, and
-// the last good config keeps serving. Watch returns when ctx ends.
-func Watch(ctx context.Context, path string, interval time.Duration, s *Server, log *zap.Logger) {
+// the last good config keeps serving. applied, when set, runs after each applied reload
+// (the health monitor retargets there). Watch returns when ctx ends.
+func Watch(ctx context.Context, path string, interval time.Duration, s *Server, log *zap.Logger, applied func(*pools.File)) {
 	last, _ := os.ReadFile(path)
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -45,6 +46,9 @@ func Watch(ctx context.Context, path string, interval time.Duration, s *Server, 
 		if err := s.Update(f); err != nil {
 			log.Error("pools file edit not applied; the last good config keeps serving", zap.Error(err))
 			continue
+		}
+		if applied != nil {
+			applied(f)
 		}
 		log.Info("pools file reloaded", zap.String("file", path), zap.Int("services", len(f.Services)))
 	}

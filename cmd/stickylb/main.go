@@ -1,7 +1,8 @@
-// Command stickylb checks and plans pools files (and, as the other tiers land, serves them):
+// Command stickylb checks, plans and serves pools files:
 //
 //	stickylb validate FILE
 //	stickylb plan --pools OLD --next NEW [--json] [--keys N]
+//	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
 package main
 
 import (
@@ -23,6 +24,8 @@ const usage = `usage:
   stickylb validate FILE                                check a pools file; every error as file:line
   stickylb plan --pools OLD --next NEW [--json] [--keys N]
                                                        share of keys each service would move
+  stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
+                                                       serve the pools file to Envoy and gRPC over xDS
 `
 
 // run executes one command and returns the exit status: 0 success, 1 the file (or the
@@ -37,6 +40,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return validate(args[1:], stdout, stderr)
 	case "plan":
 		return planCmd(args[1:], stdout, stderr)
+	case "xds":
+		return xdsCmd(args[1:], stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

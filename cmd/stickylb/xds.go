@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/xds"
+)
+
+type xdsOptions struct {
+	pools, listen, admin      string
+	tlsCert, tlsKey, clientCA string
+	poll                      time.Duration
+}
+
+func xdsCmd(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("xds", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o xdsOptions
+	fs.StringVar(&o.pools, "pools", "", "pools file to serve (reloaded when it changes)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:18000", "gRPC address for ADS and the per-type xDS services")
+	fs.StringVar(&o.admin, "admin", "", "HTTP address for /healthz, /metrics and /config (off when empty)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "server certificate (PEM) for TLS")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
+	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
+	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.pools == "" || fs.NArg() != 0 {
+		fmt.Fprint(stderr, "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log, err := zap.NewProduction()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	defer log.Sync()
+	return serveXDS(ctx, o, log, stderr, nil)
+}
+
+// serveXDS runs the control plane until ctx ends. ready, when set, receives the bound
+// addresses (tests listen on port 0).
+func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writer, ready func(grpcAddr, adminAddr string)) int {
+	f, ok := load(o.pools, stderr)
+	if !ok {
+		return 1
+	}
+	var opts []grpc.ServerOption
+	if o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" {
+		creds, err := serverTLS(o)
+		if err != nil {
+			fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
+			return 1
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	var s *xds.Server
+	mon := xds.NewMonitor(log, func() {
+		s.Stats.HealthTransitions.Add(1)
+		if err := s.Refresh(); err != nil {
+			log.Error("publishing health", zap.Error(err))
+		}
+	})
+	defer mon.Stop()
+	s = xds.NewServer(ctx, f, mon.View, log)
+	if err := mon.Apply(ctx, f); err != nil {
+		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
+		return 1
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xds: listening for xDS: %v\n", err)
+		return 1
+	}
+	g := grpc.NewServer(opts...)
+	s.Register(g)
+	go func() { _ = g.Serve(ln) }()
+	defer g.GracefulStop()
+	adminAddr := ""
+	if o.admin != "" {
+		aln, err := net.Listen("tcp", o.admin)
+		if err != nil {
+			fmt.Fprintf(stderr, "stickylb xds: listening for admin: %v\n", err)
+			return 1
+		}
+		adminAddr = aln.Addr().String()
+		hs := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = hs.Serve(aln) }()
+		defer hs.Close()
+	}
+	go xds.Watch(ctx, o.pools, o.poll, s, log, func(nf *pools.File) {
+		if err := mon.Apply(ctx, nf); err != nil {
+			log.Error("retargeting health checks", zap.Error(err))
+		}
+	})
+	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),
+		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", len(opts) > 1))
+	if ready != nil {
+		ready(ln.Addr().String(), adminAddr)
+	}
+	<-ctx.Done()
+	return 0
+}
+
+func serverTLS(o xdsOptions) (credentials.TransportCredentials, error) {
+	if o.tlsCert == "" || o.tlsKey == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together (and --client-ca needs them)")
+	}
+	cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("loading the TLS key pair: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if o.clientCA != "" {
+		pem, err := os.ReadFile(o.clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("reading the client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", o.clientCA)
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return credentials.NewTLS(cfg), nil
+}

@@ -63,7 +63,7 @@ func startXDS(t *testing.T, f *pools.File) (*Server, string) {
 	return s, ln.Addr().String()
 }
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

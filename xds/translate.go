@@ -25,7 +25,10 @@ import (
 	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
 	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
 	httptypev3 "github.com/envoyproxy/go-control-plane/envoy/type/http/v3"
+	udpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/udp/udp_proxy/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	xdscorev3 "github.com/cncf/xds/go/xds/core/v3"
+	matcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -76,11 +79,8 @@ func typed(name string, m proto.Message) *corev3.TypedExtensionConfig {
 func Translate(f *pools.File, node Node, view HealthView) (*Resources, error) {
 	r := &Resources{}
 	for _, s := range f.Services {
-		if s.Protocol == pools.ProtocolUDP {
-			continue // UDP services are served by the XDP forwarder only
-		}
-		if s.Protocol == pools.ProtocolTCP && s.Listen == "" {
-			continue // a VIP-only service
+		if (s.Protocol == pools.ProtocolTCP || s.Protocol == pools.ProtocolUDP) && s.Listen == "" {
+			continue // a VIP-only service: the XDP forwarder's
 		}
 		c, err := cluster(s)
 		if err != nil {
@@ -92,6 +92,12 @@ func Translate(f *pools.File, node Node, view HealthView) (*Resources, error) {
 		case pools.ProtocolHTTP, pools.ProtocolGRPC:
 			r.Routes = append(r.Routes, routeConfig(s))
 			l, err := httpListener(s)
+			if err != nil {
+				return nil, fmt.Errorf("service %s: %w", s.Name, err)
+			}
+			r.Listeners = append(r.Listeners, l)
+		case pools.ProtocolUDP:
+			l, err := udpListener(s)
 			if err != nil {
 				return nil, fmt.Errorf("service %s: %w", s.Name, err)
 			}
@@ -386,5 +392,35 @@ func tcpListener(s *pools.Service) (*listenerv3.Listener, error) {
 			Name:       "envoy.filters.network.tcp_proxy",
 			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(tp)},
 		}}}},
+	}, nil
+}
+
+// udpListener: a UDP listener whose udp_proxy routes every datagram to the cluster (through
+// the matcher: the plain cluster field is deprecated), hashing the source IP for source_ip
+// affinity.
+func udpListener(s *pools.Service) (*listenerv3.Listener, error) {
+	addr, err := socketAddress(s.Listen)
+	if err != nil {
+		return nil, err
+	}
+	addr.GetSocketAddress().Protocol = corev3.SocketAddress_UDP
+	up := &udpproxyv3.UdpProxyConfig{
+		StatPrefix: s.Name,
+		RouteSpecifier: &udpproxyv3.UdpProxyConfig_Matcher{Matcher: &matcherv3.Matcher{
+			OnNoMatch: &matcherv3.Matcher_OnMatch{OnMatch: &matcherv3.Matcher_OnMatch_Action{
+				Action: &xdscorev3.TypedExtensionConfig{Name: "route", TypedConfig: mustAny(&udpproxyv3.Route{Cluster: s.Name})},
+			}},
+		}},
+	}
+	if s.Affinity.Mode == pools.ModeSourceIP || s.Affinity.Mode == pools.ModeQUICCID {
+		up.HashPolicies = []*udpproxyv3.UdpProxyConfig_HashPolicy{{PolicySpecifier: &udpproxyv3.UdpProxyConfig_HashPolicy_SourceIp{SourceIp: true}}}
+	}
+	return &listenerv3.Listener{
+		Name:    s.Name,
+		Address: addr,
+		ListenerFilters: []*listenerv3.ListenerFilter{{
+			Name:       "envoy.filters.udp_listener.udp_proxy",
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(up)},
+		}},
 	}, nil
 }

@@ -117,8 +117,8 @@ func TestXDSMutualTLS(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(resp.Resources) != 6 {
-			t.Errorf("%d clusters, want 6 (every service of pools.example.yaml but the udp one)", len(resp.Resources))
+		if len(resp.Resources) != 7 {
+			t.Errorf("%d clusters, want 7 (every service of pools.example.yaml)", len(resp.Resources))
 		}
 		return nil
 	}

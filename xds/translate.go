@@ -6,6 +6,7 @@ package xds
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
 	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
 	httptypev3 "github.com/envoyproxy/go-control-plane/envoy/type/http/v3"
+	matcherenvoyv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -278,9 +280,10 @@ func hashPolicies(s *pools.Service) []*routev3.RouteAction_HashPolicy {
 			return []*routev3.RouteAction_HashPolicy{{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
 				QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: a.URL.Query}}}}
 		}
-		// Path segments and suffixes hash the :path header; Envoy has no per-segment hash.
+		// Path segments and suffixes hash the :path header rewritten to the key, so Envoy
+		// hashes the same bytes as Caddy's sticky_url.
 		return []*routev3.RouteAction_HashPolicy{{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
-			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: ":path"}}}}
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: ":path", RegexRewrite: pathRewrite(a.URL)}}}}
 	}
 	return nil
 }
@@ -423,4 +426,22 @@ func udpListener(s *pools.Service) (*listenerv3.Listener, error) {
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(up)},
 		}},
 	}, nil
+}
+
+// pathRewrite is the RE2 rewrite of :path to the URL key: segment N (0-based; negative from
+// the end) or the value after a suffix marker, up to the next ';', '/' or '?'.
+func pathRewrite(u *pools.URLKey) *matcherenvoyv3.RegexMatchAndSubstitute {
+	var re string
+	switch {
+	case u.Source == pools.URLSuffix:
+		re = `^[^?]*?` + regexp.QuoteMeta(u.Suffix) + `([^;/?]*).*$`
+	case u.PathSegment >= 0:
+		re = fmt.Sprintf(`^/(?:[^/?]*/){%d}([^/?]*)(?:[/?].*)?$`, u.PathSegment)
+	default:
+		re = fmt.Sprintf(`^[^?]*?/([^/?]*)(?:/[^/?]*){%d}(?:\?.*)?$`, -u.PathSegment-1)
+	}
+	return &matcherenvoyv3.RegexMatchAndSubstitute{
+		Pattern:      &matcherenvoyv3.RegexMatcher{Regex: re},
+		Substitution: `\1`,
+	}
 }

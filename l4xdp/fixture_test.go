@@ -1,0 +1,364 @@
+package l4xdp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/stickylb/stickylb/policies/chash"
+)
+
+// Packet fixtures through BPF_PROG_RUN, in the manner of Katran's tester: input bytes ->
+// expected action and output bytes. Expected outputs are built with gopacket from the
+// expected backend, which the test computes from policies' Maglev table and the hash the
+// program documents (FNV-1a over the flow bytes), never captured from the program.
+
+var (
+	lbMAC     = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xaa}
+	clientMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xcc}
+	backMACs  = []net.HardwareAddr{{0x02, 0, 0, 0, 0x01, 0x01}, {0x02, 0, 0, 0, 0x01, 0x02}, {0x02, 0, 0, 0, 0x01, 0x03}}
+	vip4      = netip.MustParseAddr("10.0.0.100")
+	vip6      = netip.MustParseAddr("2001:db8::100")
+	client4   = netip.MustParseAddr("192.0.2.10")
+	client6   = netip.MustParseAddr("2001:db8:c::10")
+)
+
+const (
+	xdpDrop = 1
+	xdpPass = 2
+	xdpTX   = 3
+)
+
+type fixture struct {
+	f     *Forwarder
+	table []uint32
+}
+
+func needRoot(t testing.TB) {
+	if os.Geteuid() != 0 {
+		t.Skip("loading XDP programs needs root (CI runs as root)")
+	}
+}
+
+func setup(t testing.TB) *fixture {
+	needRoot(t)
+	f, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	hosts := []chash.Host{{ID: "10.0.1.1:80", Weight: 1}, {ID: "10.0.1.2:80", Weight: 1}, {ID: "10.0.1.3:80", Weight: 2}}
+	m, err := chash.NewMaglev(hosts, 65537)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := make([]uint32, len(m.Table()))
+	for i, h := range m.Table() {
+		table[i] = uint32(h)
+	}
+	for i, mac := range backMACs {
+		if err := f.SetBackend(uint32(i), Backend{MAC: mac, Alive: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vips := []VIP{
+		{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: table},
+		{ID: 2, Addr: netip.AddrPortFrom(vip6, 80), Proto: 6, Flags: FlagSourceIP, Table: table},
+		{ID: 3, Addr: netip.AddrPortFrom(vip4, 443), Proto: 17, Flags: FlagQUIC, CIDLength: 8, Table: table},
+		{ID: 4, Addr: netip.AddrPortFrom(vip6, 53), Proto: 17, Table: table},
+	}
+	for _, v := range vips {
+		if err := f.SetVIP(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.SetServerID(3, 2, 1); err != nil { // server_id 2 -> backend 1
+		t.Fatal(err)
+	}
+	return &fixture{f: f, table: table}
+}
+
+func (fx *fixture) expect(b []byte) int {
+	return int(fx.table[Hash(b)%uint32(len(fx.table))])
+}
+
+func serialize(t testing.TB, ls ...gopacket.SerializableLayer) []byte {
+	t.Helper()
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte(nil), buf.Bytes()...)
+}
+
+func eth(dst, src net.HardwareAddr, t layers.EthernetType) *layers.Ethernet {
+	return &layers.Ethernet{DstMAC: dst, SrcMAC: src, EthernetType: t}
+}
+
+// tcp4 builds client -> dst TCP; to the LB when toBackend is nil, else as the LB sends it
+// on to that backend (MACs rewritten, nothing else).
+func tcp4(t testing.TB, src, dst netip.Addr, sport, dport uint16, flags string, opts []layers.IPv4Option, toBackend net.HardwareAddr) []byte {
+	e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv4)
+	if toBackend != nil {
+		e = eth(toBackend, lbMAC, layers.EthernetTypeIPv4)
+	}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice(), Options: opts, Id: 7}
+	tc := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), Seq: 1, Window: 65535,
+		SYN: flags == "S", RST: flags == "R", ACK: flags == "A", FIN: flags == "F"}
+	tc.SetNetworkLayerForChecksum(ip)
+	return serialize(t, e, ip, tc, gopacket.Payload("hello"))
+}
+
+func run(t testing.TB, p *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(in)+256)
+	opts := &ebpf.RunOptions{Data: in, DataOut: out}
+	ret, err := p.Run(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret, opts.DataOut
+}
+
+func check(t *testing.T, name string, gotRet uint32, got []byte, wantRet uint32, want []byte) {
+	t.Helper()
+	if gotRet != wantRet {
+		t.Fatalf("%s: action %d, want %d", name, gotRet, wantRet)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: output\n%x\nwant\n%x", name, got, want)
+	}
+}
+
+func TestFixtureTCP5Tuple(t *testing.T) {
+	fx := setup(t)
+	seen := map[int]bool{}
+	for sport := uint16(40000); sport < 40040; sport++ {
+		in := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
+		b := fx.expect(FlowHashInput(client4, vip4, sport, 80, 6, false))
+		ret, out := run(t, fx.f.Program(), in)
+		check(t, fmt.Sprintf("syn from port %d", sport), ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "S", nil, backMACs[b]))
+		seen[b] = true
+		// The next packet of the flow hits the connection table, same backend.
+		ret, out = run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "A", nil, nil))
+		check(t, "ack", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, backMACs[b]))
+	}
+	if len(seen) != 3 {
+		t.Fatalf("40 flows reached %d backends; 5-tuple hashing should spread them", len(seen))
+	}
+	c, _ := fx.f.PathCounts()
+	if c["conn_hit"] != 40 || c["conn_miss"] != 40 || c["forward"] != 80 {
+		t.Fatalf("counters: %v", c)
+	}
+}
+
+func TestFixtureNotForVIP(t *testing.T) {
+	fx := setup(t)
+	for name, in := range map[string][]byte{
+		"other address": tcp4(t, client4, netip.MustParseAddr("10.0.0.101"), 1000, 80, "S", nil, nil),
+		"other port":    tcp4(t, client4, vip4, 1000, 81, "S", nil, nil),
+		"arp":           serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeARP), &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4, Operation: 1, SourceHwAddress: clientMAC, SourceProtAddress: client4.AsSlice(), DstHwAddress: make([]byte, 6), DstProtAddress: vip4.AsSlice()}),
+		"icmp echo":     serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeIPv4), &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: client4.AsSlice(), DstIP: vip4.AsSlice()}, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0)}),
+	} {
+		ret, out := run(t, fx.f.Program(), in)
+		check(t, name, ret, out, xdpPass, in)
+	}
+}
+
+func TestFixtureIPOptions(t *testing.T) {
+	fx := setup(t)
+	opts := []layers.IPv4Option{{OptionType: 7, OptionLength: 7, OptionData: []byte{4, 0, 0, 0, 0}}, {OptionType: 0, OptionLength: 1}} // record route + end
+	in := tcp4(t, client4, vip4, 5555, 80, "S", opts, nil)
+	if in[14]&0x0f <= 5 {
+		t.Fatal("fixture has no IP options")
+	}
+	b := fx.expect(FlowHashInput(client4, vip4, 5555, 80, 6, false))
+	ret, out := run(t, fx.f.Program(), in)
+	check(t, "options", ret, out, xdpTX, tcp4(t, client4, vip4, 5555, 80, "S", opts, backMACs[b]))
+}
+
+// fragments: every fragment, the first too, goes by (src, dst, proto).
+func TestFixtureFragments(t *testing.T) {
+	fx := setup(t)
+	b := fx.expect(FlowHashInput(client4, vip4, 0, 0, 6, false))
+	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, payload []byte) []byte {
+		e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv4)
+		if mac != nil {
+			e = eth(mac, lbMAC, layers.EthernetTypeIPv4)
+		}
+		return serialize(t, e, &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: client4.AsSlice(), DstIP: vip4.AsSlice(), Flags: flags, FragOffset: off, Id: 99}, gopacket.Payload(payload))
+	}
+	tcpHdr := tcp4(t, client4, vip4, 7777, 80, "A", nil, nil)[34:]
+	first := frag(layers.IPv4MoreFragments, 0, nil, tcpHdr)
+	ret, out := run(t, fx.f.Program(), first)
+	check(t, "first fragment", ret, out, xdpTX, frag(layers.IPv4MoreFragments, 0, backMACs[b], tcpHdr))
+	later := frag(0, 3, nil, []byte("rest of the datagram"))
+	ret, out = run(t, fx.f.Program(), later)
+	check(t, "last fragment", ret, out, xdpTX, frag(0, 3, backMACs[b], []byte("rest of the datagram")))
+	// A fragment for an address that is no VIP passes.
+	other := serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeIPv4), &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: client4.AsSlice(), DstIP: []byte{10, 9, 9, 9}, Flags: layers.IPv4MoreFragments, Id: 1}, gopacket.Payload(tcpHdr))
+	ret, out = run(t, fx.f.Program(), other)
+	check(t, "fragment not for a VIP", ret, out, xdpPass, other)
+}
+
+// An ICMP error about a flow (the quoted packet is the backend's reply, VIP -> client)
+// follows the flow.
+func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
+	fx := setup(t)
+	// Establish the flow; the ICMP error about it must go where the flow went.
+	syn := tcp4(t, client4, vip4, 6000, 80, "S", nil, nil)
+	ret, out := run(t, fx.f.Program(), syn)
+	if ret != xdpTX {
+		t.Fatalf("syn: %d", ret)
+	}
+	flowMAC := net.HardwareAddr(out[0:6])
+	quoted := tcp4(t, vip4, client4, 80, 6000, "A", nil, nil)[14:42] // IP header + 8 bytes
+	build := func(dst, src net.HardwareAddr) []byte {
+		return serialize(t, eth(dst, src, layers.EthernetTypeIPv4),
+			&layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: []byte{198, 51, 100, 1}, DstIP: vip4.AsSlice()},
+			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(3, 4)}, gopacket.Payload(quoted))
+	}
+	ret, out = run(t, fx.f.Program(), build(lbMAC, clientMAC))
+	check(t, "icmp frag-needed", ret, out, xdpTX, build(flowMAC, lbMAC))
+	c, _ := fx.f.PathCounts()
+	if c["icmp_error"] != 1 {
+		t.Fatalf("counters: %v", c)
+	}
+}
+
+func TestFixtureMalformed(t *testing.T) {
+	fx := setup(t)
+	full := tcp4(t, client4, vip4, 1234, 80, "S", nil, nil)
+	ret, _ := run(t, fx.f.Program(), full[:14+20+10]) // TCP header cut short, to a VIP
+	if ret != xdpDrop {
+		t.Fatalf("truncated TCP to a VIP: %d, want drop", ret)
+	}
+	short := full[:14+12] // IP header cut short: the stack decides
+	ret, out := run(t, fx.f.Program(), short)
+	check(t, "truncated ip", ret, out, xdpPass, short)
+	bad := append([]byte(nil), full...)
+	bad[14] = 0x43 // IHL 3
+	ret, _ = run(t, fx.f.Program(), bad)
+	if ret != xdpDrop {
+		t.Fatalf("ihl < 5: %d, want drop", ret)
+	}
+	c, _ := fx.f.PathCounts()
+	if c["malformed"] != 3 {
+		t.Fatalf("counters: %v", c)
+	}
+}
+
+func TestFixtureRST(t *testing.T) {
+	fx := setup(t)
+	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "S", nil, nil))
+	b := fx.expect(FlowHashInput(client4, vip4, 2222, 80, 6, false))
+	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "R", nil, nil))
+	check(t, "rst", ret, out, xdpTX, tcp4(t, client4, vip4, 2222, 80, "R", nil, backMACs[b]))
+	var key lbFlow
+	key.Src, key.Dst, key.Proto = client4.As16(), vip4.As16(), 6
+	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&key.Sport))[:], 2222)
+	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&key.Dport))[:], 80)
+	var c lbConn
+	if err := fx.f.objs.Conns.Lookup(&key, &c); err == nil {
+		t.Fatal("the flow is still in the connection table after RST")
+	}
+}
+
+func tcp6(t testing.TB, src netip.Addr, sport uint16, mac net.HardwareAddr) []byte {
+	e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)
+	if mac != nil {
+		e = eth(mac, lbMAC, layers.EthernetTypeIPv6)
+	}
+	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolTCP, SrcIP: src.AsSlice(), DstIP: vip6.AsSlice()}
+	tc := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: 80, SYN: true, Window: 100}
+	tc.SetNetworkLayerForChecksum(ip)
+	return serialize(t, e, ip, tc)
+}
+
+func TestFixtureIPv6SourceIP(t *testing.T) {
+	fx := setup(t)
+	b := fx.expect(FlowHashInput(client6, vip6, 0, 0, 6, true))
+	for sport := uint16(1000); sport < 1010; sport++ {
+		ret, out := run(t, fx.f.Program(), tcp6(t, client6, sport, nil))
+		check(t, "v6 source_ip", ret, out, xdpTX, tcp6(t, client6, sport, backMACs[b]))
+	}
+}
+
+func quic(t testing.TB, dcid []byte, long bool, mac net.HardwareAddr) []byte {
+	e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv4)
+	if mac != nil {
+		e = eth(mac, lbMAC, layers.EthernetTypeIPv4)
+	}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: client4.AsSlice(), DstIP: vip4.AsSlice()}
+	u := &layers.UDP{SrcPort: 50000, DstPort: 443}
+	u.SetNetworkLayerForChecksum(ip)
+	var p []byte
+	if long {
+		p = append([]byte{0xc0, 0, 0, 0, 1, byte(len(dcid))}, dcid...)
+	} else {
+		p = append([]byte{0x40}, dcid...)
+	}
+	return serialize(t, e, ip, u, gopacket.Payload(append(p, "quic payload"...)))
+}
+
+func TestFixtureQUIC(t *testing.T) {
+	fx := setup(t)
+	known := []byte{0x01, 0x00, 0x02, 9, 9, 9, 9, 9} // server_id 2 -> backend 1
+	ret, out := run(t, fx.f.Program(), quic(t, known, false, nil))
+	check(t, "short header, known server_id", ret, out, xdpTX, quic(t, known, false, backMACs[1]))
+	fx.f.objs.Conns.Delete(func() *lbFlow { // forget the flow so the next case decides anew
+		var k lbFlow
+		k.Src, k.Dst, k.Proto = client4.As16(), vip4.As16(), 17
+		binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Sport))[:], 50000)
+		binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Dport))[:], 443)
+		return &k
+	}())
+	initial := []byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4} // client-chosen: unknown id, hash the DCID
+	b := fx.expect(initial)
+	ret, out = run(t, fx.f.Program(), quic(t, initial, true, nil))
+	check(t, "initial, client-chosen DCID", ret, out, xdpTX, quic(t, initial, true, backMACs[b]))
+}
+
+// TestFixtureTableSwapKeepsFlows: a new table (a backend drained or added) moves no
+// established flow; new flows follow the new table.
+func TestFixtureTableSwapKeepsFlows(t *testing.T) {
+	fx := setup(t)
+	var macs []net.HardwareAddr
+	for sport := uint16(3000); sport < 3020; sport++ {
+		_, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "S", nil, nil))
+		macs = append(macs, append(net.HardwareAddr(nil), out[0:6]...))
+	}
+	only2 := make([]uint32, len(fx.table))
+	for i := range only2 {
+		only2[i] = 2 // every new flow to backend 2 (0 and 1 draining: alive, out of the table)
+	}
+	if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: only2}); err != nil {
+		t.Fatal(err)
+	}
+	for i, sport := 0, uint16(3000); sport < 3020; i, sport = i+1, sport+1 {
+		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "A", nil, nil))
+		check(t, "established after the swap", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, macs[i]))
+	}
+	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 9999, 80, "S", nil, nil))
+	check(t, "new flow after the swap", ret, out, xdpTX, tcp4(t, client4, vip4, 9999, 80, "S", nil, backMACs[2]))
+	// A backend that leaves the pool (not alive): its flows re-pick from the table.
+	if err := fx.f.SetBackend(0, Backend{MAC: backMACs[0], Alive: false}); err != nil {
+		t.Fatal(err)
+	}
+	for i, sport := 0, uint16(3000); sport < 3020; i, sport = i+1, sport+1 {
+		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "A", nil, nil))
+		want := macs[i]
+		if bytes.Equal(macs[i], backMACs[0]) {
+			want = backMACs[2]
+		}
+		check(t, "after backend 0 left", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, want))
+	}
+}

@@ -3,6 +3,7 @@
 //	stickylb validate FILE
 //	stickylb plan --pools OLD --next NEW [--json] [--keys N]
 //	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
+//	stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
 package main
 
 import (
@@ -26,6 +27,8 @@ const usage = `usage:
                                                        share of keys each service would move
   stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
                                                        serve the pools file to Envoy and gRPC over xDS
+  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
+                                                       forward the pools file's VIPs in XDP (also: xdp stats|detach|pass)
 `
 
 // run executes one command and returns the exit status: 0 success, 1 the file (or the
@@ -42,6 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return planCmd(args[1:], stdout, stderr)
 	case "xds":
 		return xdsCmd(args[1:], stderr)
+	case "xdp":
+		return xdpCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

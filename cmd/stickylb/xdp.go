@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+const xdpUsage = `usage:
+  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
+  stickylb xdp stats --iface IF [--pin-root DIR]
+  stickylb xdp detach --iface IF [--pin-root DIR]
+  stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
+`
+
+func xdpCmd(args []string, stdout, stderr io.Writer) int {
+	sub := ""
+	if len(args) > 0 && (args[0] == "stats" || args[0] == "detach" || args[0] == "pass") {
+		sub, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	poolsPath := fs.String("pools", "", "pools file (reloaded when it changes)")
+	iface := fs.String("iface", "", "interface to attach to")
+	mode := fs.String("mode", "native", "native or generic")
+	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics (off when empty)")
+	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state")
+	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" || *mode != "native" && *mode != "generic" {
+		fmt.Fprint(stderr, xdpUsage)
+		return 2
+	}
+	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot}
+	switch sub {
+	case "detach":
+		if err := l4xdp.Detach(cfg); err != nil {
+			fmt.Fprintf(stderr, "stickylb xdp detach: %v\n", err)
+			return 1
+		}
+		return 0
+	case "stats":
+		return xdpStats(cfg, stdout, stderr)
+	case "pass":
+		return xdpPass(cfg, stderr)
+	}
+	if _, err := net.InterfaceByName(*iface); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
+		return 1
+	}
+	f, ok := load(*poolsPath, stderr)
+	if !ok {
+		return 1
+	}
+	log, _ := zap.NewProduction()
+	defer log.Sync()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	l, err := l4xdp.Open(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
+	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
+	defer l.Close()
+	if err := l.Apply(ctx, f); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
+	if *metrics != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(pathCollector{l.Forwarder()})
+		hs := &http.Server{Addr: *metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go hs.ListenAndServe()
+		defer hs.Close()
+	}
+	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
+	fmt.Fprintln(stdout, "ready")
+	last, _ := os.ReadFile(*poolsPath)
+	t := time.NewTicker(*poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-t.C:
+		}
+		data, err := os.ReadFile(*poolsPath)
+		if err != nil || string(data) == string(last) {
+			continue
+		}
+		last = data
+		nf, err := pools.Parse(*poolsPath, data)
+		if err != nil {
+			log.Error("invalid pools file edit; the last good config keeps forwarding", zap.String("error", err.Error()))
+			continue
+		}
+		if err := l.Apply(ctx, nf); err != nil {
+			log.Error("pools file edit not applied", zap.Error(err))
+		}
+	}
+}
+
+type pathCollector struct{ fw *l4xdp.Forwarder }
+
+var descPath = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)
+
+func (pathCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPath }
+
+func (c pathCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, err := c.fw.PathCounts()
+	if err != nil {
+		return
+	}
+	for p, n := range counts {
+		ch <- prometheus.MustNewConstMetric(descPath, prometheus.CounterValue, float64(n), p)
+	}
+}
+
+func xdpStats(cfg l4xdp.Config, stdout, stderr io.Writer) int {
+	root := cfg.PinRoot
+	m, err := ebpf.LoadPinnedMap(filepath.Join(root, cfg.Iface, "path_stats"), nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp stats: no forwarder pinned for %s: %v\n", cfg.Iface, err)
+		return 1
+	}
+	defer m.Close()
+	out := map[string]uint64{}
+	for i, name := range l4xdp.PathNames {
+		var per []struct{ Packets, Bytes uint64 }
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		for _, c := range per {
+			out[name] += c.Packets
+		}
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(out)
+	return 0
+}
+
+func xdpPass(cfg l4xdp.Config, stderr io.Writer) int {
+	ifc, err := net.InterfaceByName(cfg.Iface)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
+		return 1
+	}
+	fw, err := l4xdp.Load()
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
+		return 1
+	}
+	defer fw.Close()
+	lnk, err := link.AttachXDP(link.XDPOptions{Program: fw.PassProgram(), Interface: ifc.Index})
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
+		return 1
+	}
+	dir := filepath.Join(cfg.PinRoot, "pass-"+cfg.Iface)
+	os.MkdirAll(dir, 0o700)
+	if err := lnk.Pin(filepath.Join(dir, "link")); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -456,9 +456,16 @@ func TestXDPEndToEnd(t *testing.T) {
 	echoAll("with no loader running", "b1")
 	lp2 := tp.startLoader(bin, poolsFile)
 	echoAll("after the new loader adopted the maps", "b1")
-	if _, err := tp.dial(vip4 + ":80"); err != nil {
-		t.Fatalf("new connection after the restart: %v", err)
-	}
+	// The new loader learns health afresh: until its checker marks b1 down (interval x
+	// threshold + timeout), a new flow may hash to b1 and be refused.
+	waitFor(t, 3500*time.Millisecond, "new connections after the restart", func() (bool, string) {
+		for i := 0; i < 12; i++ {
+			if _, err := tp.dial(vip4 + ":80"); err != nil {
+				return false, err.Error()
+			}
+		}
+		return true, ""
+	})
 	stats := tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS)
 	if !strings.Contains(stats, `"forward"`) || !strings.Contains(stats, `"conn_hit"`) {
 		t.Fatalf("stats: %s", stats)

@@ -368,22 +368,12 @@ func (l *Loader) restartCheckersLocked(ctx context.Context, f *pools.File) {
 		if s.VIP == "" || s.HealthCheck == nil {
 			continue
 		}
-		hc := s.HealthCheck
-		c, err := health.NewChecker(health.Config{Protocol: health.Protocol(hc.Protocol), Path: hc.Path, ExpectStatus: hc.ExpectStatus,
-			Port: hc.Port, Interval: hc.Interval, Timeout: hc.Timeout, HealthyThreshold: hc.HealthyThreshold,
-			UnhealthyThreshold: hc.UnhealthyThreshold}, l.cfg.HealthOptions...)
+		c, err := health.NewChecker(s.HealthCheck.CheckerConfig(), l.cfg.HealthOptions...)
 		if err != nil {
 			l.log.Error("health checker", zap.String("service", s.Name), zap.Error(err))
 			continue
 		}
-		var ts []health.Target
-		for _, b := range s.Backends {
-			addr := b.Address
-			if hc.Protocol == pools.HealthICMP {
-				addr = b.AddrPort().Addr().String()
-			}
-			ts = append(ts, health.Target{ID: b.Identity(), Address: addr})
-		}
+		ts := s.HealthTargets()
 		if err := c.SetTargets(ts); err != nil {
 			l.log.Error("health targets", zap.String("service", s.Name), zap.Error(err))
 			continue

@@ -50,19 +50,6 @@ func (m *Monitor) View(service string, b *pools.Backend) health.State {
 	return st.State
 }
 
-func checkerConfig(hc *pools.HealthCheck) health.Config {
-	return health.Config{
-		Protocol:           health.Protocol(hc.Protocol),
-		Path:               hc.Path,
-		ExpectStatus:       hc.ExpectStatus,
-		Port:               hc.Port,
-		Interval:           hc.Interval,
-		Timeout:            hc.Timeout,
-		HealthyThreshold:   hc.HealthyThreshold,
-		UnhealthyThreshold: hc.UnhealthyThreshold,
-	}
-}
-
 // Apply starts, retargets or stops checkers for f. A service whose check config is
 // unchanged keeps its checker (and its view) with the new targets.
 func (m *Monitor) Apply(ctx context.Context, f *pools.File) error {
@@ -74,21 +61,14 @@ func (m *Monitor) Apply(ctx context.Context, f *pools.File) error {
 			continue
 		}
 		seen[s.Name] = true
-		targets := make([]health.Target, 0, len(s.Backends))
-		for _, b := range s.Backends {
-			addr := b.Address
-			if s.HealthCheck.Protocol == pools.HealthICMP {
-				addr = b.AddrPort().Addr().String()
-			}
-			targets = append(targets, health.Target{ID: b.Identity(), Address: addr})
-		}
+		targets := s.HealthTargets()
 		rc := m.checkers[s.Name]
 		if rc != nil && !sameCheck(rc.cfg, *s.HealthCheck) {
 			m.stopLocked(s.Name)
 			rc = nil
 		}
 		if rc == nil {
-			c, err := health.NewChecker(checkerConfig(s.HealthCheck), m.opts...)
+			c, err := health.NewChecker(s.HealthCheck.CheckerConfig(), m.opts...)
 			if err != nil {
 				return fmt.Errorf("service %s: health checker: %w", s.Name, err)
 			}

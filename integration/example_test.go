@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -22,6 +23,12 @@ func TestCaddyfileExample(t *testing.T) {
 	for _, a := range []string{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"} {
 		waitPort(t, a, 10*time.Second)
 	}
+	// Caddy's first active health probe can run before the demo backends listen (they are
+	// sites of the same config); the next probe (health_interval 2s) clears them.
+	waitFor(t, 10*time.Second, "a demo backend answering through :8080", func() (bool, string) {
+		code, body := newClient(t, "").get(t, "http://localhost:8080/")
+		return code == 200, fmt.Sprintf("%d %q", code, body)
+	})
 	seen := map[string]int{}
 	for i := 0; i < 12; i++ {
 		c := newClient(t, "")

@@ -90,6 +90,20 @@ func (fx *fixture) expect(b []byte) int {
 	return int(fx.table[Hash(b)%uint32(len(fx.table))])
 }
 
+// discriminating returns the first i in [0, 100) for which differ(i) holds: fixtures pick
+// inputs for which a wrong path would pick another backend than the right one, so a bug
+// cannot pass by landing on the same backend.
+func discriminating(t testing.TB, differ func(i int) bool) int {
+	t.Helper()
+	for i := 0; i < 100; i++ {
+		if differ(i) {
+			return i
+		}
+	}
+	t.Fatal("no discriminating fixture input in 100 tries")
+	return 0
+}
+
 func serialize(t testing.TB, ls ...gopacket.SerializableLayer) []byte {
 	t.Helper()
 	buf := gopacket.NewSerializeBuffer()
@@ -189,6 +203,9 @@ func TestFixtureIPOptions(t *testing.T) {
 func TestFixtureFragments(t *testing.T) {
 	fx := setup(t)
 	b := fx.expect(FlowHashInput(client4, vip4, 0, 0, 6, false))
+	if b == fx.expect(FlowHashInput(client4, vip4, 7777, 80, 6, false)) {
+		t.Fatal("fixture does not tell fragment hashing from 5-tuple hashing")
+	}
 	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, payload []byte) []byte {
 		e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv4)
 		if mac != nil {
@@ -213,14 +230,19 @@ func TestFixtureFragments(t *testing.T) {
 // follows the flow.
 func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
 	fx := setup(t)
-	// Establish the flow; the ICMP error about it must go where the flow went.
-	syn := tcp4(t, client4, vip4, 6000, 80, "S", nil, nil)
+	// Establish the flow; the ICMP error about it must go where the flow went, which is not
+	// where its quoted header, unswapped, would hash.
+	sport := 6000 + uint16(discriminating(t, func(i int) bool {
+		p := 6000 + uint16(i)
+		return fx.expect(FlowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(FlowHashInput(vip4, client4, 80, p, 6, false))
+	}))
+	syn := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
 	ret, out := run(t, fx.f.Program(), syn)
 	if ret != xdpTX {
 		t.Fatalf("syn: %d", ret)
 	}
 	flowMAC := net.HardwareAddr(out[0:6])
-	quoted := tcp4(t, vip4, client4, 80, 6000, "A", nil, nil)[14:42] // IP header + 8 bytes
+	quoted := tcp4(t, vip4, client4, 80, sport, "A", nil, nil)[14:42] // IP header + 8 bytes
 	build := func(dst, src net.HardwareAddr) []byte {
 		return serialize(t, eth(dst, src, layers.EthernetTypeIPv4),
 			&layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: []byte{198, 51, 100, 1}, DstIP: vip4.AsSlice()},
@@ -360,5 +382,133 @@ func TestFixtureTableSwapKeepsFlows(t *testing.T) {
 			want = backMACs[2]
 		}
 		check(t, "after backend 0 left", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, want))
+	}
+}
+
+// frag6 builds an IPv6 fragment to vip6 (the fragment header by hand: gopacket does not
+// serialize it); mac nil: as the client sends it, else as the LB sends it to that backend.
+func frag6(t testing.TB, src netip.Addr, offset uint16, more bool, payload []byte, mac net.HardwareAddr) []byte {
+	e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)
+	if mac != nil {
+		e = eth(mac, lbMAC, layers.EthernetTypeIPv6)
+	}
+	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6Fragment, SrcIP: src.AsSlice(), DstIP: vip6.AsSlice()}
+	fh := []byte{byte(layers.IPProtocolTCP), 0, 0, 0, 0, 0, 0x12, 0x34}
+	fo := offset << 3
+	if more {
+		fo |= 1
+	}
+	binary.BigEndian.PutUint16(fh[2:], fo)
+	return serialize(t, e, ip, gopacket.Payload(append(fh, payload...)))
+}
+
+// IPv6 fragments, the first too, go by (src, dst, proto) among the VIP address's backends,
+// although the TCP VIP on that address hashes the source only: its unfragmented packets
+// could go elsewhere, as for IPv4 (DESIGN.md).
+func TestFixtureIPv6Fragments(t *testing.T) {
+	fx := setup(t)
+	// A client whose fragments hash elsewhere than its source address does.
+	src := client6
+	discriminating(t, func(i int) bool {
+		a := client6.As16()
+		a[15] += byte(i)
+		src = netip.AddrFrom16(a)
+		return fx.expect(FlowHashInput(src, vip6, 0, 0, 6, false)) != fx.expect(FlowHashInput(src, vip6, 0, 0, 6, true))
+	})
+	b := fx.expect(FlowHashInput(src, vip6, 0, 0, 6, false))
+	tcpHdr := tcp6(t, src, 7000, nil)[14+40:]
+	first := frag6(t, src, 0, true, tcpHdr, nil)
+	ret, out := run(t, fx.f.Program(), first)
+	check(t, "v6 first fragment", ret, out, xdpTX, frag6(t, src, 0, true, tcpHdr, backMACs[b]))
+	rest := []byte("the rest of it, 8-byte units")
+	ret, out = run(t, fx.f.Program(), frag6(t, src, 3, false, rest, nil))
+	check(t, "v6 last fragment", ret, out, xdpTX, frag6(t, src, 3, false, rest, backMACs[b]))
+	c, _ := fx.f.PathCounts()
+	if c["fragment"] != 2 {
+		t.Fatalf("counters: %v", c)
+	}
+	short := first[:14+40+4] // fragment header cut short: the stack decides
+	ret, out = run(t, fx.f.Program(), short)
+	check(t, "v6 truncated fragment header", ret, out, xdpPass, short)
+}
+
+// An ICMPv6 error about a flow (packet too big for the backend's reply, VIP -> client, sent
+// by a router to the VIP) goes where the flow went; informational ICMPv6 passes.
+func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
+	fx := setup(t)
+	udp6 := func(src, dst netip.Addr, sport, dport uint16, e *layers.Ethernet) []byte {
+		ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+		u := &layers.UDP{SrcPort: layers.UDPPort(sport), DstPort: layers.UDPPort(dport)}
+		u.SetNetworkLayerForChecksum(ip)
+		return serialize(t, e, ip, u, gopacket.Payload("query"))
+	}
+	// The flow, client -> vip6:53 (UDP, 5-tuple); its quoted reply, unswapped, would hash to
+	// another backend.
+	if fx.expect(FlowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(FlowHashInput(vip6, client6, 53, 5353, 17, false)) {
+		t.Fatal("fixture does not tell the swapped inner header from the unswapped one")
+	}
+	ret, out := run(t, fx.f.Program(), udp6(client6, vip6, 5353, 53, eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)))
+	if ret != xdpTX {
+		t.Fatalf("udp flow: %d", ret)
+	}
+	flowMAC := net.HardwareAddr(out[0:6])
+	if want := backMACs[fx.expect(FlowHashInput(client6, vip6, 5353, 53, 17, false))]; !bytes.Equal(flowMAC, want) {
+		t.Fatalf("flow went to %s, want %s", flowMAC, want)
+	}
+	reply := udp6(vip6, client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
+	router := netip.MustParseAddr("2001:db8:ffff::1")
+	icmp := func(typ, code uint8, body []byte, dst, src net.HardwareAddr) []byte {
+		ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolICMPv6, SrcIP: router.AsSlice(), DstIP: vip6.AsSlice()}
+		ic := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(typ, code)}
+		ic.SetNetworkLayerForChecksum(ip)
+		return serialize(t, eth(dst, src, layers.EthernetTypeIPv6), ip, ic, gopacket.Payload(body))
+	}
+	tooBig := append([]byte{0, 0, 0x05, 0x00}, reply[:40+8]...) // MTU 1280, quoted header + 8 bytes
+	ret, out = run(t, fx.f.Program(), icmp(2, 0, tooBig, lbMAC, clientMAC))
+	check(t, "icmpv6 packet too big", ret, out, xdpTX, icmp(2, 0, tooBig, flowMAC, lbMAC))
+	// Quoting a packet of no VIP flow (another source port's reply is still the VIP's: use
+	// another address), and an echo request: the stack's.
+	other := udp6(netip.MustParseAddr("2001:db8::999"), client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
+	notOurs := icmp(1, 4, append([]byte{0, 0, 0, 0}, other[:48]...), lbMAC, clientMAC)
+	ret, out = run(t, fx.f.Program(), notOurs)
+	check(t, "icmpv6 error about no VIP flow", ret, out, xdpPass, notOurs)
+	echo := icmp(128, 0, []byte{0, 1, 0, 1, 'p', 'i', 'n', 'g'}, lbMAC, clientMAC)
+	ret, out = run(t, fx.f.Program(), echo)
+	check(t, "icmpv6 echo request", ret, out, xdpPass, echo)
+	c, _ := fx.f.PathCounts()
+	if c["icmp_error"] != 1 {
+		t.Fatalf("counters: %v", c)
+	}
+}
+
+// A backend with an interface of its own gets its frames by redirect (XDP_REDIRECT), MACs
+// rewritten as for XDP_TX. Under BPF_PROG_RUN the redirect is reported, not done.
+func TestFixtureRedirectToBackendInterface(t *testing.T) {
+	fx := setup(t)
+	b := fx.expect(FlowHashInput(client4, vip4, 4444, 80, 6, false))
+	if err := fx.f.SetBackend(uint32(b), Backend{MAC: backMACs[b], Ifindex: 1, Alive: true}); err != nil {
+		t.Fatal(err)
+	}
+	const xdpRedirect = 4
+	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 4444, 80, "S", nil, nil))
+	check(t, "redirect", ret, out, xdpRedirect, tcp4(t, client4, vip4, 4444, 80, "S", nil, backMACs[b]))
+}
+
+// A FIN keeps the flow: the rest of the close (the client's last ACK) must reach the same
+// backend, even after a table change sent new flows elsewhere. Only RST forgets a flow.
+func TestFixtureFINKeepsFlow(t *testing.T) {
+	fx := setup(t)
+	b := fx.expect(FlowHashInput(client4, vip4, 2323, 80, 6, false))
+	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2323, 80, "S", nil, nil))
+	other := make([]uint32, len(fx.table))
+	for i := range other {
+		other[i] = uint32((b + 1) % len(backMACs))
+	}
+	if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: other}); err != nil {
+		t.Fatal(err)
+	}
+	for _, flags := range []string{"F", "A"} {
+		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 2323, 80, flags, nil, nil))
+		check(t, "after FIN: "+flags, ret, out, xdpTX, tcp4(t, client4, vip4, 2323, 80, flags, nil, backMACs[b]))
 	}
 }

@@ -42,6 +42,15 @@ type lbFlow struct {
 	Pad   [3]uint8
 }
 
+type lbGenConfig struct {
+	_        structs.HostLayout
+	Dst      [6]uint8
+	Src      [6]uint8
+	Flows    uint32
+	PortOff  uint32
+	BasePort uint32
+}
+
 type lbServerKey struct {
 	_        structs.HostLayout
 	VipId    uint32
@@ -68,18 +77,24 @@ type lbVipMeta struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lbMapBackendStats = "backend_stats"
-	lbMapBackends     = "backends"
-	lbMapConns        = "conns"
-	lbMapMaglev       = "maglev"
-	lbMapPathStats    = "path_stats"
-	lbMapServerIds    = "server_ids"
-	lbMapVipAddrs     = "vip_addrs"
-	lbMapVipStats     = "vip_stats"
-	lbMapVips         = "vips"
-	lbProgFloorXdp    = "floor_xdp"
-	lbProgPassXdp     = "pass_xdp"
-	lbProgStickylbXdp = "stickylb_xdp"
+	lbMapBackendStats      = "backend_stats"
+	lbMapBackends          = "backends"
+	lbMapConns             = "conns"
+	lbMapGenCfg            = "gen_cfg"
+	lbMapGenSeq            = "gen_seq"
+	lbMapMaglev            = "maglev"
+	lbMapPathStats         = "path_stats"
+	lbMapServerIds         = "server_ids"
+	lbMapSinkStats         = "sink_stats"
+	lbMapVipAddrs          = "vip_addrs"
+	lbMapVipStats          = "vip_stats"
+	lbMapVips              = "vips"
+	lbProgFloorXdp         = "floor_xdp"
+	lbProgGenXdp           = "gen_xdp"
+	lbProgPassXdp          = "pass_xdp"
+	lbProgRedirectFloorXdp = "redirect_floor_xdp"
+	lbProgSinkXdp          = "sink_xdp"
+	lbProgStickylbXdp      = "stickylb_xdp"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -124,9 +139,12 @@ type lbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbProgramSpecs struct {
-	FloorXdp    *ebpf.ProgramSpec `ebpf:"floor_xdp"`
-	PassXdp     *ebpf.ProgramSpec `ebpf:"pass_xdp"`
-	StickylbXdp *ebpf.ProgramSpec `ebpf:"stickylb_xdp"`
+	FloorXdp         *ebpf.ProgramSpec `ebpf:"floor_xdp"`
+	GenXdp           *ebpf.ProgramSpec `ebpf:"gen_xdp"`
+	PassXdp          *ebpf.ProgramSpec `ebpf:"pass_xdp"`
+	RedirectFloorXdp *ebpf.ProgramSpec `ebpf:"redirect_floor_xdp"`
+	SinkXdp          *ebpf.ProgramSpec `ebpf:"sink_xdp"`
+	StickylbXdp      *ebpf.ProgramSpec `ebpf:"stickylb_xdp"`
 }
 
 // lbMapSpecs contains maps before they are loaded into the kernel.
@@ -136,9 +154,12 @@ type lbMapSpecs struct {
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	GenCfg       *ebpf.MapSpec `ebpf:"gen_cfg"`
+	GenSeq       *ebpf.MapSpec `ebpf:"gen_seq"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
+	SinkStats    *ebpf.MapSpec `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.MapSpec `ebpf:"vip_addrs"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
@@ -173,9 +194,12 @@ type lbMaps struct {
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Conns        *ebpf.Map `ebpf:"conns"`
+	GenCfg       *ebpf.Map `ebpf:"gen_cfg"`
+	GenSeq       *ebpf.Map `ebpf:"gen_seq"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	PathStats    *ebpf.Map `ebpf:"path_stats"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
+	SinkStats    *ebpf.Map `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.Map `ebpf:"vip_addrs"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
@@ -186,9 +210,12 @@ func (m *lbMaps) Close() error {
 		m.BackendStats,
 		m.Backends,
 		m.Conns,
+		m.GenCfg,
+		m.GenSeq,
 		m.Maglev,
 		m.PathStats,
 		m.ServerIds,
+		m.SinkStats,
 		m.VipAddrs,
 		m.VipStats,
 		m.Vips,
@@ -205,15 +232,21 @@ type lbVariables struct {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbPrograms struct {
-	FloorXdp    *ebpf.Program `ebpf:"floor_xdp"`
-	PassXdp     *ebpf.Program `ebpf:"pass_xdp"`
-	StickylbXdp *ebpf.Program `ebpf:"stickylb_xdp"`
+	FloorXdp         *ebpf.Program `ebpf:"floor_xdp"`
+	GenXdp           *ebpf.Program `ebpf:"gen_xdp"`
+	PassXdp          *ebpf.Program `ebpf:"pass_xdp"`
+	RedirectFloorXdp *ebpf.Program `ebpf:"redirect_floor_xdp"`
+	SinkXdp          *ebpf.Program `ebpf:"sink_xdp"`
+	StickylbXdp      *ebpf.Program `ebpf:"stickylb_xdp"`
 }
 
 func (p *lbPrograms) Close() error {
 	return _LbClose(
 		p.FloorXdp,
+		p.GenXdp,
 		p.PassXdp,
+		p.RedirectFloorXdp,
+		p.SinkXdp,
 		p.StickylbXdp,
 	)
 }

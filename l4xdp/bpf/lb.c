@@ -434,6 +434,28 @@ static __always_inline void swap(struct flow *f)
 	f->dport = p;
 }
 
+/* icmp_error routes an ICMP error by the packet it quotes (inf holds the quoted addresses and
+ * protocol, inl4 its transport header): the quoted packet went VIP -> client, so its flow is
+ * the swap. Errors about no VIP flow pass to the stack. */
+static __always_inline int icmp_error(struct xdp_md *ctx, struct ethhdr *eth, struct flow *inf, void *inl4, __u64 len)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	if (!ports(inl4, data_end, inf)) {
+		count(&path_stats, PATH_PASS, len);
+		return XDP_PASS;
+	}
+	swap(inf);
+	struct vip_key k = {.port = inf->dport, .proto = inf->proto};
+	__builtin_memcpy(k.addr, inf->dst, 16);
+	struct vip_meta *vm = bpf_map_lookup_elem(&vips, &k);
+	if (!vm) {
+		count(&path_stats, PATH_PASS, len);
+		return XDP_PASS;
+	}
+	count(&path_stats, PATH_ICMP_ERROR, len);
+	return route(ctx, eth, inf, vm, NULL, 0, len);
+}
+
 static __always_inline int handle_v4(struct xdp_md *ctx, struct ethhdr *eth, struct iphdr *ip, __u64 len)
 {
 	void *data_end = (void *)(long)ctx->data_end;
@@ -486,20 +508,7 @@ static __always_inline int handle_v4(struct xdp_md *ctx, struct ethhdr *eth, str
 		struct flow inf = {.proto = in->protocol};
 		v4_mapped(inf.src, in->saddr);
 		v4_mapped(inf.dst, in->daddr);
-		if (!ports(inl4, data_end, &inf)) {
-			count(&path_stats, PATH_PASS, len);
-			return XDP_PASS;
-		}
-		swap(&inf);
-		struct vip_key k = {.port = inf.dport, .proto = inf.proto};
-		__builtin_memcpy(k.addr, inf.dst, 16);
-		struct vip_meta *vm = bpf_map_lookup_elem(&vips, &k);
-		if (!vm) {
-			count(&path_stats, PATH_PASS, len);
-			return XDP_PASS;
-		}
-		count(&path_stats, PATH_ICMP_ERROR, len);
-		return route(ctx, eth, &inf, vm, NULL, 0, len);
+		return icmp_error(ctx, eth, &inf, inl4, len);
 	}
 	if (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP) {
 		count(&path_stats, PATH_PASS, len);
@@ -559,20 +568,7 @@ static __always_inline int handle_v6(struct xdp_md *ctx, struct ethhdr *eth, str
 		struct flow inf = {.proto = in->nexthdr};
 		__builtin_memcpy(inf.src, &in->saddr, 16);
 		__builtin_memcpy(inf.dst, &in->daddr, 16);
-		if (!ports(in + 1, data_end, &inf)) {
-			count(&path_stats, PATH_PASS, len);
-			return XDP_PASS;
-		}
-		swap(&inf);
-		struct vip_key k = {.port = inf.dport, .proto = inf.proto};
-		__builtin_memcpy(k.addr, inf.dst, 16);
-		struct vip_meta *vm = bpf_map_lookup_elem(&vips, &k);
-		if (!vm) {
-			count(&path_stats, PATH_PASS, len);
-			return XDP_PASS;
-		}
-		count(&path_stats, PATH_ICMP_ERROR, len);
-		return route(ctx, eth, &inf, vm, NULL, 0, len);
+		return icmp_error(ctx, eth, &inf, in + 1, len);
 	}
 	if (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP) {
 		count(&path_stats, PATH_PASS, len); /* other extension headers: the stack's */
@@ -616,12 +612,98 @@ int floor_xdp(struct xdp_md *ctx)
 	return XDP_TX;
 }
 
+/* The floor of the live-frames benchmark: what forward() does for backend slot 0 (MAC
+ * rewrite, redirect to its interface), with no parsing, lookup or counting. */
+SEC("xdp")
+int redirect_floor_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	__u32 zero = 0;
+	struct backend *b = bpf_map_lookup_elem(&backends, &zero);
+	if ((void *)(eth + 1) > data_end || !b)
+		return XDP_DROP;
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, b->mac, ETH_ALEN);
+	return bpf_redirect(b->ifindex, 0);
+}
+
 /* An XDP_PASS program for the peers of test veths: XDP_TX out of a veth delivers only when
  * its peer runs an XDP program (DESIGN.md). */
 SEC("xdp")
 int pass_xdp(struct xdp_md *ctx)
 {
 	return XDP_PASS;
+}
+
+/* Benchmark traffic (l4xdp's live-frames benchmark): run by BPF_PROG_RUN with
+ * BPF_F_TEST_XDP_LIVE_FRAMES, whose XDP_TX transmits out of the given interface. Live frames
+ * are recycled without being reset, so everything that varies is written every time: both
+ * MACs, and a 16-bit field (a source port) taken in turn from gen_config.flows values. */
+struct gen_config {
+	__u8 dst[6];
+	__u8 src[6];
+	__u32 flows;
+	__u32 port_off;
+	__u32 base_port;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_config);
+} gen_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} gen_seq SEC(".maps");
+
+SEC("xdp")
+int gen_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 zero = 0;
+	struct gen_config *cfg = bpf_map_lookup_elem(&gen_cfg, &zero);
+	__u64 *seq = bpf_map_lookup_elem(&gen_seq, &zero);
+	struct ethhdr *eth = data;
+	if (!cfg || !seq || (void *)(eth + 1) > data_end || cfg->flows == 0)
+		return XDP_ABORTED;
+	__builtin_memcpy(eth->h_dest, cfg->dst, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->src, ETH_ALEN);
+	__u8 *p = data + (cfg->port_off & 0xff); /* bounded, for the verifier */
+	if (p + 2 > (__u8 *)data_end)
+		return XDP_ABORTED;
+	__u16 port = cfg->base_port + (*seq)++ % cfg->flows;
+	p[0] = port >> 8;
+	p[1] = port & 0xff;
+	return XDP_TX;
+}
+
+/* The backends' side of the live-frames benchmark: counts frames by the last byte of their
+ * destination MAC (one per backend) and drops them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct counter);
+} sink_stats SEC(".maps");
+
+SEC("xdp")
+int sink_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return XDP_DROP;
+	count(&sink_stats, eth->h_dest[5], data_end - data);
+	return XDP_DROP;
 }
 
 char _license[] SEC("license") = "GPL";

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The XDP forwarder's benchmarks, in one run, with the ratios README.md quotes. Needs root
+# (BPF programs, network namespaces the benchmark makes and removes itself).
+#
+#   BPF_PROG_RUN, ns/packet: our established-flow and new-flow paths against a program that
+#     only swaps MACs and returns XDP_TX (the floor).
+#   Live frames, packets/s at the backends: one generator feeds our forwarder and nftables
+#     netdev `fwd` doing the same DR rewrite; a figure comes only from a run in which no drop
+#     counter moved (the benchmark fails otherwise). The floor arm runs the same pipeline with
+#     an LB that only rewrites MACs and redirects: subtracting it leaves the LB's own cost.
+#
+# COUNT runs of each (default 5); the medians are compared.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+count=${COUNT:-5}
+frames=${FRAMES:-2000000}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+go test -count=1 -run '^$' -bench 'BenchmarkProgRun' -benchtime 2000000x -count "$count" ./l4xdp | tee "$out"
+go test -count=1 -run '^$' -bench 'BenchmarkLiveFrames' -benchtime "${frames}x" -count "$count" ./l4xdp | tee -a "$out"
+
+# median NAME UNIT: the median of the UNIT metric over NAME's runs.
+median() {
+	awk -v name="$1" -v unit="$2" '$1 ~ "^"name"(-[0-9]+)?$" { for (i = 2; i <= NF; i++) if ($i == unit) print $(i-1) }' "$out" |
+		sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print v[int((NR + 1) / 2)] }'
+}
+floor=$(median 'BenchmarkProgRun/path=floor' ns/packet)
+est=$(median 'BenchmarkProgRun/path=established' ns/packet)
+new=$(median 'BenchmarkProgRun/path=new-flow' ns/packet)
+lfloor=$(median 'BenchmarkLiveFrames/arm=floor' ns/packet)
+lours=$(median 'BenchmarkLiveFrames/arm=stickylb' ns/packet)
+lnft=$(median 'BenchmarkLiveFrames/arm=nftables' ns/packet)
+ours=$(median 'BenchmarkLiveFrames/arm=stickylb' pps)
+nft=$(median 'BenchmarkLiveFrames/arm=nftables' pps)
+echo
+echo "medians of $count runs"
+awk -v f="$floor" -v e="$est" -v n="$new" -v o="$ours" -v t="$nft" -v lf="$lfloor" -v lo="$lours" -v ln="$lnft" 'BEGIN {
+	printf "BPF_PROG_RUN   floor %.0f ns/packet, established %.0f (%.1fx the floor), new flow %.0f (%.1fx)\n", f, e, e / f, n, n / f
+	printf "live frames    stickylb %.2f Mpps, nftables netdev fwd %.2f Mpps: stickylb %.2fx nftables\n", o / 1e6, t / 1e6, o / t
+	printf "               per packet: floor %.0f ns, stickylb %.0f, nftables %.0f; over the floor %.0f vs %.0f ns (%.1fx less)\n", lf, lo, ln, lo - lf, ln - lf, (ln - lf) / (lo - lf)
+}'

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The loader's start-up errors, each as a user meets it: a message that says what to fix and
+// exit status 1.
+
+const xdpPools = `services:
+  - name: edge
+    protocol: tcp
+    vip: 10.200.100.1:80
+    affinity: {mode: none}
+    balance: maglev
+    backends:
+      - {address: 10.200.0.77:80}
+`
+
+func TestXDPMissingInterface(t *testing.T) {
+	p := write(t, "pools.yaml", xdpPools)
+	var stdout, stderr bytes.Buffer
+	code := xdpCmd([]string{"--pools", p, "--iface", "nosuchif0"}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), `interface "nosuchif0"`) {
+		t.Fatalf("exit %d, stderr %q; want 1 and the interface named", code, stderr.String())
+	}
+}
+
+// buildBinary builds stickylb into a directory anyone may read (the permission test runs it
+// as nobody).
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	bin := filepath.Join(dir, "stickylb")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func runBinary(t *testing.T, cmd *exec.Cmd) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), out.String()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, out.String()
+}
+
+// Without root (as nobody: no CAP_BPF, no CAP_NET_ADMIN) the loader says so.
+func TestXDPNoBPFPermission(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the loader as nobody (CI runs as root)")
+	}
+	bin := buildBinary(t)
+	p := filepath.Join(filepath.Dir(bin), "pools.yaml")
+	if err := os.WriteFile(p, []byte(xdpPools), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pin := filepath.Join(filepath.Dir(bin), "pins")
+	if err := os.Mkdir(pin, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(pin, 0o777)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "xdp", "--pools", p, "--iface", "lo", "--pin-root", pin)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	code, out := runBinary(t, cmd)
+	t.Logf("as nobody: %s", out)
+	if code != 1 || !strings.Contains(out, "no BPF permission") {
+		t.Fatalf("exit %d, output %q; want 1 and \"no BPF permission\"", code, out)
+	}
+}
+
+// A backend whose MAC is neither in the pools file nor resolvable on the interface is named,
+// with what to do about it. The interface is a veth in a namespace of the test's own whose
+// peer has no address, so nothing ever answers ARP.
+func TestXDPUnresolvableMAC(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace and XDP (CI runs as root)")
+	}
+	bin := buildBinary(t)
+	b := make([]byte, 3)
+	rand.Read(b)
+	ns := "slmac" + hex.EncodeToString(b)
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	sh("ip", "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	sh("ip", "netns", "exec", ns, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	sh("ip", "netns", "exec", ns, "ip", "addr", "add", "10.200.0.1/24", "dev", "d0")
+	sh("ip", "netns", "exec", ns, "ip", "link", "set", "d0", "up")
+	sh("ip", "netns", "exec", ns, "ip", "link", "set", "d1", "up") // no address: answers no ARP
+	// A bpffs of the test's own: ip netns exec remounts /sys, hiding /sys/fs/bpf.
+	pin := t.TempDir()
+	sh("mount", "-t", "bpf", "bpf", pin)
+	t.Cleanup(func() { exec.Command("umount", pin).Run() })
+	p := write(t, "pools.yaml", xdpPools)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, out := runBinary(t, exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic", "--pin-root", pin))
+	if code != 1 || !strings.Contains(out, "backend 10.200.0.77:80: no MAC in the neighbour table of d0; set mac: in the pools file") {
+		t.Fatalf("exit %d, output %q; want 1 and the backend named", code, out)
+	}
+}

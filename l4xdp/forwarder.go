@@ -39,7 +39,20 @@ var PathNames = [numPaths]string{"pass", "forward", "conn_hit", "conn_miss", "fr
 // MaxTableSize is the largest Maglev table a VIP may use (the inner map's size).
 const MaxTableSize = 65537
 
-const backendAlive = 1
+// Backend flags (mirror B_* in bpf/lb.c).
+const (
+	backendAlive = 1
+	backendDown  = 2
+)
+
+// MaxVIPs bounds VIP ids: 1..MaxVIPs-1 (the program's per-VIP arrays have MaxVIPs entries).
+const MaxVIPs = 256
+
+// MaxBackends bounds backend slots: 0..MaxBackends-1.
+const MaxBackends = 4096
+
+// maxName is the longest VIP or backend name the pinned name maps hold.
+const maxName = len(lbName{}.S) - 1
 
 // emptySlot marks a table slot with no backend (an empty pool).
 const emptySlot = ^uint32(0)
@@ -134,6 +147,9 @@ type Backend struct {
 	MAC     net.HardwareAddr
 	Ifindex uint32 // 0: XDP_TX out of the interface the packet came in on
 	Alive   bool   // false: flows to it re-pick
+	// Down records the loader's health verdict; the program ignores it (a down backend is
+	// simply out of the tables), a restarted loader reads it back.
+	Down bool
 }
 
 // SetBackend installs backend slot idx.
@@ -145,9 +161,152 @@ func (f *Forwarder) SetBackend(idx uint32, b Backend) error {
 	copy(v.Mac[:], b.MAC)
 	v.Ifindex = b.Ifindex
 	if b.Alive {
-		v.Flags = backendAlive
+		v.Flags |= backendAlive
+	}
+	if b.Down {
+		v.Flags |= backendDown
 	}
 	return f.objs.Backends.Put(idx, v)
+}
+
+// PruneVIPs removes every VIP not in keep: its (address, port, protocol) and address
+// entries, and the tables of ids no VIP in keep uses. A VIP whose address changed loses its
+// old address here.
+func (f *Forwarder) PruneVIPs(keep []VIP) error {
+	wantVIP, wantAddr, wantID := map[lbVipKey]bool{}, map[lbVipKey]bool{}, map[uint32]bool{}
+	for _, v := range keep {
+		wantVIP[v.key(true)], wantAddr[v.key(false)], wantID[v.ID] = true, true, true
+	}
+	var errs []error
+	for _, m := range []struct {
+		m    *ebpf.Map
+		want map[lbVipKey]bool
+	}{{f.objs.Vips, wantVIP}, {f.objs.VipAddrs, wantAddr}} {
+		var k lbVipKey
+		var meta lbVipMeta
+		var stale []lbVipKey
+		it := m.m.Iterate()
+		for it.Next(&k, &meta) {
+			if !m.want[k] {
+				stale = append(stale, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("listing VIPs: %w", err))
+		}
+		for _, k := range stale {
+			if err := m.m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("removing a VIP: %w", err))
+			}
+		}
+	}
+	for id := uint32(1); id < MaxVIPs; id++ {
+		if !wantID[id] {
+			if err := f.objs.Maglev.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("removing the table of VIP %d: %w", id, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func toName(s string) (lbName, error) {
+	var n lbName
+	if len(s) > maxName {
+		return n, fmt.Errorf("name %q is longer than %d bytes", s, maxName)
+	}
+	for i := 0; i < len(s); i++ {
+		n.S[i] = int8(s[i])
+	}
+	return n, nil
+}
+
+func fromName(n lbName) string {
+	b := make([]byte, 0, len(n.S))
+	for _, c := range n.S {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// names reads a name map: index -> name, for the set entries.
+func names(m *ebpf.Map) (map[uint32]string, error) {
+	out := map[uint32]string{}
+	var k uint32
+	var n lbName
+	it := m.Iterate()
+	for it.Next(&k, &n) {
+		if s := fromName(n); s != "" {
+			out[k] = s
+		}
+	}
+	return out, it.Err()
+}
+
+// Counter is a packet and byte count.
+type Counter struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// Stats are the forwarder's counters: by path (forward, conn_hit, conn_miss, fragment, ...),
+// by VIP (its service) and by backend ("service/backend").
+type Stats struct {
+	Paths    map[string]Counter `json:"paths"`
+	VIPs     map[string]Counter `json:"vips"`
+	Backends map[string]Counter `json:"backends"`
+}
+
+type statsMaps struct{ path, vip, backend, vipNames, backendNames *ebpf.Map }
+
+// Stats sums the per-CPU counters.
+func (f *Forwarder) Stats() (Stats, error) {
+	o := &f.objs
+	return readStats(statsMaps{o.PathStats, o.VipStats, o.BackendStats, o.VipNames, o.BackendNames})
+}
+
+func sumCounter(m *ebpf.Map, idx uint32) (Counter, error) {
+	var per []lbCounter
+	if err := m.Lookup(idx, &per); err != nil {
+		return Counter{}, err
+	}
+	var c Counter
+	for _, x := range per {
+		c.Packets += x.Packets
+		c.Bytes += x.Bytes
+	}
+	return c, nil
+}
+
+func readStats(m statsMaps) (Stats, error) {
+	st := Stats{Paths: map[string]Counter{}, VIPs: map[string]Counter{}, Backends: map[string]Counter{}}
+	for i := uint32(0); i < numPaths; i++ {
+		c, err := sumCounter(m.path, i)
+		if err != nil {
+			return st, fmt.Errorf("reading path counters: %w", err)
+		}
+		st.Paths[PathNames[i]] = c
+	}
+	for _, t := range []struct {
+		names, counters *ebpf.Map
+		into            map[string]Counter
+	}{{m.vipNames, m.vip, st.VIPs}, {m.backendNames, m.backend, st.Backends}} {
+		ns, err := names(t.names)
+		if err != nil {
+			return st, fmt.Errorf("reading names: %w", err)
+		}
+		for idx, name := range ns {
+			c, err := sumCounter(t.counters, idx)
+			if err != nil {
+				return st, fmt.Errorf("reading counters of %s: %w", name, err)
+			}
+			t.into[name] = c
+		}
+	}
+	return st, nil
 }
 
 // SetServerID maps a QUIC server_id of a VIP to a backend slot.
@@ -155,19 +314,15 @@ func (f *Forwarder) SetServerID(vipID uint32, serverID uint16, idx uint32) error
 	return f.objs.ServerIds.Put(lbServerKey{VipId: vipID, ServerId: uint32(serverID)}, idx)
 }
 
-// PathCounts sums the per-CPU path counters.
+// PathCounts sums the per-CPU path counters' packets.
 func (f *Forwarder) PathCounts() (map[string]uint64, error) {
 	out := map[string]uint64{}
 	for i := uint32(0); i < numPaths; i++ {
-		var per []lbCounter
-		if err := f.objs.PathStats.Lookup(i, &per); err != nil {
+		c, err := sumCounter(f.objs.PathStats, i)
+		if err != nil {
 			return nil, err
 		}
-		var n uint64
-		for _, c := range per {
-			n += c.Packets
-		}
-		out[PathNames[i]] = n
+		out[PathNames[i]] = c.Packets
 	}
 	return out, nil
 }

@@ -51,6 +51,11 @@ type lbGenConfig struct {
 	BasePort uint32
 }
 
+type lbName struct {
+	_ structs.HostLayout
+	S [128]int8
+}
+
 type lbServerKey struct {
 	_        structs.HostLayout
 	VipId    uint32
@@ -77,6 +82,7 @@ type lbVipMeta struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	lbMapBackendNames      = "backend_names"
 	lbMapBackendStats      = "backend_stats"
 	lbMapBackends          = "backends"
 	lbMapConns             = "conns"
@@ -87,6 +93,7 @@ const (
 	lbMapServerIds         = "server_ids"
 	lbMapSinkStats         = "sink_stats"
 	lbMapVipAddrs          = "vip_addrs"
+	lbMapVipNames          = "vip_names"
 	lbMapVipStats          = "vip_stats"
 	lbMapVips              = "vips"
 	lbProgFloorXdp         = "floor_xdp"
@@ -151,6 +158,7 @@ type lbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbMapSpecs struct {
+	BackendNames *ebpf.MapSpec `ebpf:"backend_names"`
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
@@ -161,6 +169,7 @@ type lbMapSpecs struct {
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	SinkStats    *ebpf.MapSpec `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.MapSpec `ebpf:"vip_addrs"`
+	VipNames     *ebpf.MapSpec `ebpf:"vip_names"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
@@ -191,6 +200,7 @@ func (o *lbObjects) Close() error {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbMaps struct {
+	BackendNames *ebpf.Map `ebpf:"backend_names"`
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Conns        *ebpf.Map `ebpf:"conns"`
@@ -201,12 +211,14 @@ type lbMaps struct {
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	SinkStats    *ebpf.Map `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.Map `ebpf:"vip_addrs"`
+	VipNames     *ebpf.Map `ebpf:"vip_names"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
 }
 
 func (m *lbMaps) Close() error {
 	return _LbClose(
+		m.BackendNames,
 		m.BackendStats,
 		m.Backends,
 		m.Conns,
@@ -217,6 +229,7 @@ func (m *lbMaps) Close() error {
 		m.ServerIds,
 		m.SinkStats,
 		m.VipAddrs,
+		m.VipNames,
 		m.VipStats,
 		m.Vips,
 	)

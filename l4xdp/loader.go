@@ -44,7 +44,8 @@ type Config struct {
 }
 
 // pinned maps: the state a restarted loader adopts.
-var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats", "backend_stats"}
+var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
+	"backend_stats", "vip_names", "backend_names"}
 
 // Loader attaches the forwarder to an interface and keeps its maps in step with a pools
 // file and the health of its backends.
@@ -56,9 +57,14 @@ type Loader struct {
 	lnk   link.Link
 	dir   string
 
-	mu       sync.Mutex
-	file     *pools.File
-	slots    map[string]uint32 // "service/identity" -> backend slot
+	mu     sync.Mutex
+	file   *pools.File
+	slots  map[string]uint32 // "service/identity" -> backend slot (pinned in backend_names)
+	vipIDs map[string]uint32 // service -> VIP id (pinned in vip_names)
+	// lastDown: each backend's last health verdict, read back from the pinned flags by a
+	// restarted loader. Until a (re)started checker has a verdict of its own, this one holds:
+	// a dead backend does not get new flows back for a restart or a pools-file edit.
+	lastDown map[string]bool
 	checkers map[string]*health.Checker
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -79,7 +85,8 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
 	}
-	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, checkers: map[string]*health.Checker{}}
+	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
+		lastDown: map[string]bool{}, checkers: map[string]*health.Checker{}}
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
 	}
@@ -112,7 +119,12 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}
 	l.fw = fw
-	if !adopted {
+	if adopted {
+		if err := l.restore(); err != nil {
+			fw.Close()
+			return nil, err
+		}
+	} else {
 		for _, name := range pinnedMaps {
 			if err := mapByName(fw, name).Pin(filepath.Join(l.dir, name)); err != nil {
 				fw.Close()
@@ -153,7 +165,8 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 func mapByName(fw *Forwarder, name string) *ebpf.Map {
 	m := fw.objs.lbMaps
 	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
-		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats}[name]
+		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
+		"vip_names": m.VipNames, "backend_names": m.BackendNames}[name]
 }
 
 // Forwarder returns the loaded forwarder (its counters).
@@ -244,6 +257,58 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	return nil
 }
 
+// restore reads back what a previous loader pinned: the slot and VIP id of every name (the
+// connection table refers to slots) and which backends it had found down.
+func (l *Loader) restore() error {
+	ids, err := names(l.fw.objs.VipNames)
+	if err != nil {
+		return fmt.Errorf("reading the pinned VIP names: %w", err)
+	}
+	for id, n := range ids {
+		l.vipIDs[n] = id
+	}
+	slots, err := names(l.fw.objs.BackendNames)
+	if err != nil {
+		return fmt.Errorf("reading the pinned backend names: %w", err)
+	}
+	for slot, n := range slots {
+		l.slots[n] = slot
+		var b lbBackend
+		if err := l.fw.objs.Backends.Lookup(slot, &b); err == nil && b.Flags&backendDown != 0 {
+			l.lastDown[n] = true
+		}
+	}
+	return nil
+}
+
+// allocate returns name's index in m, else the lowest free one from lo below hi, recording it.
+func allocate(m map[string]uint32, name string, lo, hi uint32) (uint32, bool) {
+	if v, ok := m[name]; ok {
+		return v, true
+	}
+	taken := make(map[uint32]bool, len(m))
+	for _, v := range m {
+		taken[v] = true
+	}
+	for i := lo; i < hi; i++ {
+		if !taken[i] {
+			m[name] = i
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+type plannedBackend struct {
+	key  string
+	slot uint32
+	b    *pools.Backend
+	mac  net.HardwareAddr
+}
+
+// applyLocked brings the maps to f in two steps: first everything that can fail (MACs,
+// names, ids), touching no map, so a bad edit leaves the running config whole; then the
+// writes. Slots and ids survive edits and restarts, so the connection table stays right.
 func (l *Loader) applyLocked(f *pools.File) error {
 	var vipServices []*pools.Service
 	for _, s := range f.Services {
@@ -252,104 +317,172 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		}
 	}
 	sort.Slice(vipServices, func(i, j int) bool { return vipServices[i].Name < vipServices[j].Name })
-	used := map[uint32]bool{}
-	next := uint32(0)
-	slot := func(key string) uint32 {
-		if s, ok := l.slots[key]; ok {
-			used[s] = true
-			return s
-		}
-		for used[next] || slotTaken(l.slots, next) {
-			next++
-		}
-		l.slots[key] = next
-		used[next] = true
-		return next
+	slots, ids := map[string]uint32{}, map[string]uint32{}
+	for k, v := range l.slots {
+		slots[k] = v
 	}
-	for id, s := range vipServices {
-		vip, _ := s.VIPAddrPort()
-		proto := uint8(6)
-		if s.Protocol == pools.ProtocolUDP {
-			proto = 17
-		}
-		var hosts []chash.Host
-		var hostSlots []uint32
+	for k, v := range l.vipIDs {
+		ids[k] = v
+	}
+	// Names that leave go first, so their slots and ids are free for newcomers.
+	inFile := map[string]bool{}
+	for _, s := range vipServices {
+		inFile[s.Name] = true
 		for _, b := range s.Backends {
-			idx := slot(s.Name + "/" + b.Identity())
+			inFile[s.Name+"/"+b.Identity()] = true
+		}
+	}
+	for k := range slots {
+		if !inFile[k] {
+			delete(slots, k)
+		}
+	}
+	for k := range ids {
+		if !inFile[k] {
+			delete(ids, k)
+		}
+	}
+	plan := map[string][]plannedBackend{}
+	for _, s := range vipServices {
+		if _, ok := allocate(ids, s.Name, 1, MaxVIPs); !ok {
+			return fmt.Errorf("service %s: more than %d VIP services", s.Name, MaxVIPs-1)
+		}
+		for _, b := range s.Backends {
+			key := s.Name + "/" + b.Identity()
+			if len(key) > maxName {
+				return fmt.Errorf("service %s: backend %s: %q is longer than the forwarder's %d-byte names", s.Name, b.Address, key, maxName)
+			}
+			slot, ok := allocate(slots, key, 0, MaxBackends)
+			if !ok {
+				return fmt.Errorf("service %s: more than %d backends in all", s.Name, MaxBackends)
+			}
 			mac, err := l.resolveMAC(b)
 			if err != nil {
 				return err
 			}
-			if err := l.fw.SetBackend(idx, Backend{MAC: mac, Alive: true}); err != nil {
-				return err
+			plan[s.Name] = append(plan[s.Name], plannedBackend{key: key, slot: slot, b: b, mac: mac})
+		}
+	}
+	var errs []error
+	put := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+	var vips []VIP
+	for _, s := range vipServices {
+		id := ids[s.Name]
+		n, _ := toName(s.Name)
+		put("naming VIP "+s.Name, l.fw.objs.VipNames.Put(id, n))
+		var hosts []chash.Host
+		var hostSlots []uint32
+		for _, p := range plan[s.Name] {
+			down := l.unhealthyLocked(s, p.key, p.b)
+			bn, _ := toName(p.key)
+			put("naming backend "+p.key, l.fw.objs.BackendNames.Put(p.slot, bn))
+			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down}))
+			if p.b.ServerID != 0 {
+				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
 			}
-			if b.ServerID != 0 {
-				if err := l.fw.SetServerID(uint32(id+1), b.ServerID, idx); err != nil {
-					return err
-				}
-			}
-			if b.Drain || s.ZoneDrained(b.Zone) || l.unhealthyLocked(s.Name, b) {
+			if p.b.Drain || s.ZoneDrained(p.b.Zone) || down {
 				continue
 			}
-			hosts = append(hosts, chash.Host{ID: b.Identity(), Weight: b.Weight})
-			hostSlots = append(hostSlots, idx)
+			hosts = append(hosts, chash.Host{ID: p.b.Identity(), Weight: p.b.Weight})
+			hostSlots = append(hostSlots, p.slot)
 		}
-		size := s.Hash.TableSize
-		if size == 0 || size > MaxTableSize {
-			size = MaxTableSize
+		vip, err := l.vipOf(s, id, hosts, hostSlots)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		table := make([]uint32, size)
-		if len(hosts) == 0 {
-			for i := range table {
-				table[i] = emptySlot
-			}
-		} else {
-			m, err := chash.NewMaglev(hosts, size)
-			if err != nil {
-				return fmt.Errorf("service %s: %w", s.Name, err)
-			}
-			for i, h := range m.Table() {
-				table[i] = hostSlots[h]
-			}
-		}
-		var flags uint32
-		cid := uint32(0)
-		switch s.Affinity.Mode {
-		case pools.ModeSourceIP:
-			flags = FlagSourceIP
-		case pools.ModeQUICCID:
-			flags, cid = FlagQUIC, uint32(s.Affinity.QUICCID.CIDLength)
-		}
-		if err := l.fw.SetVIP(VIP{ID: uint32(id + 1), Addr: vip, Proto: proto, Flags: flags, CIDLength: cid, Table: table}); err != nil {
-			return err
-		}
+		put("VIP "+s.Name, l.fw.SetVIP(vip))
+		vips = append(vips, vip)
 	}
+	put("removing VIPs no longer in the file", l.fw.PruneVIPs(vips))
 	// Backends no longer in the file leave the pool: their flows re-pick.
-	for key, s := range l.slots {
-		if !used[s] {
-			_ = l.fw.SetBackend(s, Backend{MAC: make(net.HardwareAddr, 6), Alive: false})
-			delete(l.slots, key)
+	for key, slot := range l.slots {
+		if _, ok := slots[key]; !ok {
+			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false}))
+			put("unnaming backend "+key, l.fw.objs.BackendNames.Put(slot, lbName{}))
+			delete(l.lastDown, key)
 		}
 	}
-	return nil
-}
-
-func slotTaken(m map[string]uint32, s uint32) bool {
-	for _, v := range m {
-		if v == s {
-			return true
+	for name, id := range l.vipIDs {
+		if _, ok := ids[name]; !ok {
+			put("unnaming VIP "+name, l.fw.objs.VipNames.Put(id, lbName{}))
 		}
 	}
-	return false
+	l.slots, l.vipIDs = slots, ids
+	return errors.Join(errs...)
 }
 
-func (l *Loader) unhealthyLocked(service string, b *pools.Backend) bool {
-	c := l.checkers[service]
-	if c == nil {
+// vipOf builds service s's VIP: its key, affinity and Maglev table over hosts.
+func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlots []uint32) (VIP, error) {
+	vip, _ := s.VIPAddrPort()
+	proto := uint8(6)
+	if s.Protocol == pools.ProtocolUDP {
+		proto = 17
+	}
+	size := s.Hash.TableSize
+	if size == 0 || size > MaxTableSize {
+		size = MaxTableSize
+	}
+	table := make([]uint32, size)
+	if len(hosts) == 0 {
+		for i := range table {
+			table[i] = emptySlot
+		}
+	} else {
+		m, err := chash.NewMaglev(hosts, size)
+		if err != nil {
+			return VIP{}, fmt.Errorf("service %s: %w", s.Name, err)
+		}
+		for i, h := range m.Table() {
+			table[i] = hostSlots[h]
+		}
+	}
+	v := VIP{ID: id, Addr: vip, Proto: proto, Table: table}
+	switch s.Affinity.Mode {
+	case pools.ModeSourceIP:
+		v.Flags = FlagSourceIP
+	case pools.ModeQUICCID:
+		v.Flags, v.CIDLength = FlagQUIC, uint32(s.Affinity.QUICCID.CIDLength)
+	}
+	return v, nil
+}
+
+// unhealthyLocked: the checker's verdict, or until it has one, the last verdict known.
+func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend) bool {
+	if s.HealthCheck == nil {
+		delete(l.lastDown, key)
 		return false
 	}
-	st, ok := c.Lookup(b.Identity())
-	return ok && st.State == health.Unhealthy
+	c := l.checkers[s.Name] // nil before the first Apply has started them
+	var st health.TargetStatus
+	ok := false
+	if c != nil {
+		st, ok = c.Lookup(b.Identity())
+	}
+	if !ok || st.State == health.Unknown {
+		return l.lastDown[key]
+	}
+	l.lastDown[key] = st.State == health.Unhealthy
+	return l.lastDown[key]
+}
+
+// PinnedStats reads the counters of the forwarder pinned for cfg.Iface, whether or not a
+// loader runs.
+func PinnedStats(cfg Config) (Stats, error) {
+	var m [5]*ebpf.Map
+	for i, name := range []string{"path_stats", "vip_stats", "backend_stats", "vip_names", "backend_names"} {
+		pm, err := ebpf.LoadPinnedMap(filepath.Join(cfg.pinDir(), name), nil)
+		if err != nil {
+			return Stats{}, fmt.Errorf("no stickylb forwarder pinned for %s: %w", cfg.Iface, err)
+		}
+		defer pm.Close()
+		m[i] = pm
+	}
+	return readStats(statsMaps{m[0], m[1], m[2], m[3], m[4]})
 }
 
 // restartCheckersLocked runs a health checker per VIP service with health_check; each

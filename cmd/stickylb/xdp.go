@@ -11,10 +11,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -89,7 +89,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(pathCollector{l.Forwarder()})
+		reg.MustRegister(xdpCollector{l.Forwarder()})
 		hs := &http.Server{Addr: *metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
@@ -121,44 +121,62 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-type pathCollector struct{ fw *l4xdp.Forwarder }
+// xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the
+// connection table's hits and misses.
+type xdpCollector struct{ fw *l4xdp.Forwarder }
 
-var descPath = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)
+var (
+	descPathPackets    = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)
+	descPathBytes      = prometheus.NewDesc("stickylb_xdp_bytes_total", "Bytes by path through the XDP program.", []string{"path"}, nil)
+	descVIPPackets     = prometheus.NewDesc("stickylb_xdp_vip_packets_total", "Packets forwarded for a VIP.", []string{"service"}, nil)
+	descVIPBytes       = prometheus.NewDesc("stickylb_xdp_vip_bytes_total", "Bytes forwarded for a VIP.", []string{"service"}, nil)
+	descBackendPackets = prometheus.NewDesc("stickylb_xdp_backend_packets_total", "Packets forwarded to a backend.", []string{"service", "backend"}, nil)
+	descBackendBytes   = prometheus.NewDesc("stickylb_xdp_backend_bytes_total", "Bytes forwarded to a backend.", []string{"service", "backend"}, nil)
+	descConnTable      = prometheus.NewDesc("stickylb_xdp_conn_table_lookups_total", "Connection-table lookups of packets to a VIP.", []string{"result"}, nil)
+)
 
-func (pathCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPath }
-
-func (c pathCollector) Collect(ch chan<- prometheus.Metric) {
-	counts, err := c.fw.PathCounts()
-	if err != nil {
-		return
-	}
-	for p, n := range counts {
-		ch <- prometheus.MustNewConstMetric(descPath, prometheus.CounterValue, float64(n), p)
+func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable} {
+		ch <- d
 	}
 }
 
-func xdpStats(cfg l4xdp.Config, stdout, stderr io.Writer) int {
-	root := cfg.PinRoot
-	m, err := ebpf.LoadPinnedMap(filepath.Join(root, cfg.Iface, "path_stats"), nil)
+func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
+	st, err := c.fw.Stats()
 	if err != nil {
-		fmt.Fprintf(stderr, "stickylb xdp stats: no forwarder pinned for %s: %v\n", cfg.Iface, err)
-		return 1
+		ch <- prometheus.NewInvalidMetric(descPathPackets, err)
+		return
 	}
-	defer m.Close()
-	out := map[string]uint64{}
-	for i, name := range l4xdp.PathNames {
-		var per []struct{ Packets, Bytes uint64 }
-		if err := m.Lookup(uint32(i), &per); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		for _, c := range per {
-			out[name] += c.Packets
-		}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for p, n := range st.Paths {
+		counter(descPathPackets, n.Packets, p)
+		counter(descPathBytes, n.Bytes, p)
+	}
+	for s, n := range st.VIPs {
+		counter(descVIPPackets, n.Packets, s)
+		counter(descVIPBytes, n.Bytes, s)
+	}
+	for k, n := range st.Backends {
+		service, backend, _ := strings.Cut(k, "/")
+		counter(descBackendPackets, n.Packets, service, backend)
+		counter(descBackendBytes, n.Bytes, service, backend)
+	}
+	counter(descConnTable, st.Paths["conn_hit"].Packets, "hit")
+	counter(descConnTable, st.Paths["conn_miss"].Packets, "miss")
+}
+
+// xdpStats prints the pinned forwarder's counters as JSON: it needs no running loader.
+func xdpStats(cfg l4xdp.Config, stdout, stderr io.Writer) int {
+	st, err := l4xdp.PinnedStats(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp stats: %v\n", err)
+		return 1
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	enc.Encode(out)
+	enc.Encode(st)
 	return 0
 }
 

@@ -44,6 +44,8 @@ struct icmp6hdr {
 #define F_QUIC 2   /* affinity quic_cid */
 
 #define B_ALIVE 1 /* backend in the pool (draining ones stay alive: their flows hold) */
+#define B_DOWN 2  /* the loader's last health verdict (not read here): a restarted loader keeps
+		   * a backend out of new flows until its own checker has seen it */
 
 enum lb_path {
 	PATH_PASS = 0,       /* not for a VIP */
@@ -104,6 +106,13 @@ struct counter {
 	__u64 bytes;
 };
 
+/* What a VIP id or backend slot stands for, written by the loader and never read here: a
+ * restarted loader keeps the slots the connection table refers to, and `stickylb xdp stats`
+ * names its counters from the pinned maps alone. */
+struct name {
+	char s[128];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_VIPS);
@@ -155,6 +164,20 @@ struct {
 	__type(key, struct server_key);
 	__type(value, __u32);
 } server_ids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct name);
+} vip_names SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct name);
+} backend_names SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -512,3 +512,26 @@ func TestFixtureFINKeepsFlow(t *testing.T) {
 		check(t, "after FIN: "+flags, ret, out, xdpTX, tcp4(t, client4, vip4, 2323, 80, flags, nil, backMACs[b]))
 	}
 }
+
+// A SYN is a new connection: it picks from the table even when its 5-tuple has an entry (a
+// client reusing a port), so it never follows a stale entry to a backend that left the
+// table; the entry then follows the new connection.
+func TestFixtureSYNPicksFromTable(t *testing.T) {
+	fx := setup(t)
+	b := fx.expect(FlowHashInput(client4, vip4, 3434, 80, 6, false))
+	run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "S", nil, nil))
+	next := (b + 1) % len(backMACs)
+	moved := make([]uint32, len(fx.table))
+	for i := range moved {
+		moved[i] = uint32(next) // b left the table (drained, or found dead)
+	}
+	if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: moved}); err != nil {
+		t.Fatal(err)
+	}
+	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "A", nil, nil))
+	check(t, "established", ret, out, xdpTX, tcp4(t, client4, vip4, 3434, 80, "A", nil, backMACs[b]))
+	ret, out = run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "S", nil, nil))
+	check(t, "new connection on the same 5-tuple", ret, out, xdpTX, tcp4(t, client4, vip4, 3434, 80, "S", nil, backMACs[next]))
+	ret, out = run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "A", nil, nil))
+	check(t, "its next packet", ret, out, xdpTX, tcp4(t, client4, vip4, 3434, 80, "A", nil, backMACs[next]))
+}

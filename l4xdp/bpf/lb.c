@@ -314,12 +314,18 @@ static __always_inline int quic_pick(void *data_end, __u8 *payload, const struct
 	return 0;
 }
 
-/* route sends a flow of a VIP: connection table first, then Maglev. */
+#define T_RST 1 /* TCP RST: forwarded, flow forgotten */
+#define T_SYN 2 /* TCP SYN without ACK: a new connection */
+
+/* route sends a flow of a VIP: connection table first, then Maglev. A SYN skips the table,
+ * as in Katran: a new connection that reuses a 5-tuple must not follow a stale entry to a
+ * backend that has left the table (found dead, say); a retransmitted SYN hashes the same. */
 static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct flow *f, const struct vip_meta *vm,
-				 __u8 *payload, int rst, __u64 len)
+				 __u8 *payload, int tflags, __u64 len)
 {
 	void *data_end = (void *)(long)ctx->data_end;
-	struct conn *c = bpf_map_lookup_elem(&conns, f);
+	int rst = tflags & T_RST;
+	struct conn *c = (tflags & T_SYN) ? NULL : bpf_map_lookup_elem(&conns, f);
 	if (c) {
 		struct backend *b = bpf_map_lookup_elem(&backends, &c->backend);
 		if (b && (b->flags & B_ALIVE)) {
@@ -361,7 +367,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 
 /* l4 fills the flow's ports from a TCP or UDP header at l4; returns the payload, or NULL
  * when the header is truncated. */
-static __always_inline __u8 *l4(void *l4p, void *data_end, struct flow *f, int *rst)
+static __always_inline __u8 *l4(void *l4p, void *data_end, struct flow *f, int *tflags)
 {
 	if (f->proto == IPPROTO_TCP) {
 		struct tcphdr *t = l4p;
@@ -369,7 +375,7 @@ static __always_inline __u8 *l4(void *l4p, void *data_end, struct flow *f, int *
 			return NULL;
 		f->sport = t->source;
 		f->dport = t->dest;
-		*rst = t->rst;
+		*tflags = (t->rst ? T_RST : 0) | (t->syn && !t->ack ? T_SYN : 0);
 		return (__u8 *)(t + 1);
 	}
 	struct udphdr *u = l4p;
@@ -417,8 +423,8 @@ static __always_inline int vip_lookup_and_route(struct xdp_md *ctx, struct ethhd
 						__u64 len, int icmp_inner)
 {
 	void *data_end = (void *)(long)ctx->data_end;
-	int rst = 0;
-	__u8 *payload = l4(l4p, data_end, f, &rst);
+	int tflags = 0;
+	__u8 *payload = l4(l4p, data_end, f, &tflags);
 	if (!payload) {
 		if (icmp_inner) { /* an ICMP error quotes at least 8 bytes: ports are there for UDP/TCP */
 			count(&path_stats, PATH_MALFORMED, len);
@@ -441,8 +447,8 @@ static __always_inline int vip_lookup_and_route(struct xdp_md *ctx, struct ethhd
 		return XDP_PASS;
 	}
 	if (icmp_inner)
-		rst = 0;
-	return route(ctx, eth, f, vm, icmp_inner ? NULL : payload, rst, len);
+		tflags = 0;
+	return route(ctx, eth, f, vm, icmp_inner ? NULL : payload, tflags, len);
 }
 
 /* swap turns the quoted packet's header (VIP -> client) into the flow's key (client -> VIP). */

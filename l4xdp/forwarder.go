@@ -169,6 +169,31 @@ func (f *Forwarder) SetBackend(idx uint32, b Backend) error {
 	return f.objs.Backends.Put(idx, v)
 }
 
+// PruneServerIDs removes every QUIC server_id mapping not in keep.
+func (f *Forwarder) PruneServerIDs(keep map[lbServerKey]uint32) error {
+	var k lbServerKey
+	var v uint32
+	var stale []lbServerKey
+	it := f.objs.ServerIds.Iterate()
+	for it.Next(&k, &v) {
+		if w, ok := keep[k]; !ok || w != v {
+			stale = append(stale, k)
+		}
+	}
+	errs := []error{it.Err()}
+	for _, k := range stale {
+		if err := f.objs.ServerIds.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// zeroCounter resets one per-CPU counter (a slot or id taken by a new name).
+func (f *Forwarder) zeroCounter(m *ebpf.Map, idx uint32) error {
+	return m.Put(idx, make([]lbCounter, ebpf.MustPossibleCPU()))
+}
+
 // PruneVIPs removes every VIP not in keep: its (address, port, protocol) and address
 // entries, and the tables of ids no VIP in keep uses. A VIP whose address changed loses its
 // old address here.

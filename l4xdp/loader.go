@@ -370,19 +370,27 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		}
 	}
 	var vips []VIP
+	serverIDs := map[lbServerKey]uint32{}
 	for _, s := range vipServices {
 		id := ids[s.Name]
 		n, _ := toName(s.Name)
 		put("naming VIP "+s.Name, l.fw.objs.VipNames.Put(id, n))
+		if newIndex(l.vipIDs, s.Name, id) {
+			put("zeroing the counters of VIP "+s.Name, l.fw.zeroCounter(l.fw.objs.VipStats, id))
+		}
 		var hosts []chash.Host
 		var hostSlots []uint32
 		for _, p := range plan[s.Name] {
 			down := l.unhealthyLocked(s, p.key, p.b)
 			bn, _ := toName(p.key)
 			put("naming backend "+p.key, l.fw.objs.BackendNames.Put(p.slot, bn))
+			if newIndex(l.slots, p.key, p.slot) {
+				put("zeroing the counters of "+p.key, l.fw.zeroCounter(l.fw.objs.BackendStats, p.slot))
+			}
 			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down}))
 			if p.b.ServerID != 0 {
 				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
+				serverIDs[lbServerKey{VipId: id, ServerId: uint32(p.b.ServerID)}] = p.slot
 			}
 			if p.b.Drain || s.ZoneDrained(p.b.Zone) || down {
 				continue
@@ -399,21 +407,40 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		vips = append(vips, vip)
 	}
 	put("removing VIPs no longer in the file", l.fw.PruneVIPs(vips))
-	// Backends no longer in the file leave the pool: their flows re-pick.
+	put("removing server_ids no longer in the file", l.fw.PruneServerIDs(serverIDs))
+	// Backends no longer in the file leave the pool: their flows re-pick. A slot or id a
+	// newcomer took over in this same edit is the newcomer's now.
 	for key, slot := range l.slots {
-		if _, ok := slots[key]; !ok {
+		if _, ok := slots[key]; !ok && !taken(slots, slot) {
 			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false}))
 			put("unnaming backend "+key, l.fw.objs.BackendNames.Put(slot, lbName{}))
+		}
+		if _, ok := slots[key]; !ok {
 			delete(l.lastDown, key)
 		}
 	}
 	for name, id := range l.vipIDs {
-		if _, ok := ids[name]; !ok {
+		if _, ok := ids[name]; !ok && !taken(ids, id) {
 			put("unnaming VIP "+name, l.fw.objs.VipNames.Put(id, lbName{}))
 		}
 	}
 	l.slots, l.vipIDs = slots, ids
 	return errors.Join(errs...)
+}
+
+func taken(m map[string]uint32, v uint32) bool {
+	for _, x := range m {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// newIndex says whether name got its index in this edit (its counters start from zero).
+func newIndex(before map[string]uint32, name string, idx uint32) bool {
+	v, ok := before[name]
+	return !ok || v != idx
 }
 
 // vipOf builds service s's VIP: its key, affinity and Maglev table over hosts.

@@ -1,0 +1,214 @@
+package l4xdp
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// The loader's map bookkeeping across edits and a restart, on a veth in a namespace of the
+// test's own (generic mode; MACs from the file, so nothing is resolved).
+
+type loaderRig struct {
+	t   *testing.T
+	ns  netns.NsHandle
+	pin string
+}
+
+func newLoaderRig(t *testing.T) *loaderRig {
+	needRoot(t)
+	b := make([]byte, 3)
+	rand.Read(b)
+	name := "slld" + hex.EncodeToString(b)
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	sh("ip", "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	sh("ip", "netns", "exec", name, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1")
+	sh("ip", "netns", "exec", name, "ip", "link", "set", "v0", "up")
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	pin, err := os.MkdirTemp("", name+"-bpffs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh("mount", "-t", "bpf", "bpf", pin)
+	t.Cleanup(func() { exec.Command("umount", pin).Run(); os.Remove(pin) })
+	return &loaderRig{t: t, ns: h, pin: pin}
+}
+
+func (r *loaderRig) open() *Loader {
+	r.t.Helper()
+	var l *Loader
+	var err error
+	func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, _ := netns.Get()
+		defer orig.Close()
+		if err = netns.Set(r.ns); err != nil {
+			return
+		}
+		defer netns.Set(orig)
+		l, err = Open(Config{Iface: "v0", Mode: ModeGeneric, PinRoot: r.pin}, zaptest.NewLogger(r.t))
+	}()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return l
+}
+
+func (r *loaderRig) apply(l *Loader, yaml string) {
+	r.t.Helper()
+	f, err := pools.Parse("pools.yaml", []byte(yaml))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := l.Apply(r.t.Context(), f); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func slotsOf(t *testing.T, f *Forwarder) map[string]uint32 {
+	t.Helper()
+	ns, err := names(f.objs.BackendNames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint32{}
+	for slot, n := range ns {
+		out[n] = slot
+	}
+	return out
+}
+
+func backendAt(t *testing.T, f *Forwarder, slot uint32) (net.HardwareAddr, uint16) {
+	t.Helper()
+	var b lbBackend
+	if err := f.objs.Backends.Lookup(slot, &b); err != nil {
+		t.Fatal(err)
+	}
+	return net.HardwareAddr(b.Mac[:]), b.Flags
+}
+
+const loaderPoolsA = `services:
+  - name: a
+    protocol: tcp
+    vip: 10.9.0.1:80
+    affinity: {mode: none}
+    balance: maglev
+    backends:
+      - {address: 10.9.1.1:80, mac: "02:00:00:00:00:01"}
+      - {address: 10.9.1.2:80, mac: "02:00:00:00:00:02"}
+  - name: q
+    protocol: udp
+    vip: 10.9.0.1:443
+    affinity: {mode: quic_cid}
+    balance: maglev
+    backends:
+      - {address: 10.9.1.3:443, mac: "02:00:00:00:00:03", server_id: 7}
+`
+
+func TestLoaderEditsAndRestart(t *testing.T) {
+	r := newLoaderRig(t)
+	l := r.open()
+	r.apply(l, loaderPoolsA)
+	fw := l.Forwarder()
+	slots := slotsOf(t, fw)
+	y := slots["a/10.9.1.2:80"]
+	if len(slots) != 3 {
+		t.Fatalf("slots after the first apply: %v", slots)
+	}
+	// Traffic counted for y, then y leaves and w arrives in one edit: w takes y's slot, must
+	// be alive there with its own MAC, and starts its counters from zero.
+	counted := make([]lbCounter, ebpf.MustPossibleCPU())
+	counted[0] = lbCounter{Packets: 5, Bytes: 500}
+	if err := fw.objs.BackendStats.Put(y, counted); err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(loaderPoolsA, `{address: 10.9.1.2:80, mac: "02:00:00:00:00:02"}`, `{address: 10.9.1.9:80, mac: "02:00:00:00:00:09"}`, 1)
+	r.apply(l, edited)
+	slots = slotsOf(t, fw)
+	if w, ok := slots["a/10.9.1.9:80"]; !ok || w != y {
+		t.Fatalf("slots after the edit: %v; want 10.9.1.9 in the freed slot %d", slots, y)
+	}
+	if _, ok := slots["a/10.9.1.2:80"]; ok {
+		t.Fatalf("the removed backend is still named: %v", slots)
+	}
+	if mac, flags := backendAt(t, fw, y); mac.String() != "02:00:00:00:00:09" || flags&backendAlive == 0 {
+		t.Fatalf("slot %d holds %s flags %d; want the newcomer, alive", y, mac, flags)
+	}
+	if st, err := fw.Stats(); err != nil || st.Backends["a/10.9.1.9:80"].Packets != 0 {
+		t.Fatalf("the newcomer inherited counters: %+v %v", st.Backends, err)
+	}
+	// The VIP moves and q leaves: the old VIP key and q's server_id go. The backends are
+	// listed the other way round, so a loader that assigned slots afresh would swap them.
+	moved := `services:
+  - name: a
+    protocol: tcp
+    vip: 10.9.0.2:80
+    affinity: {mode: none}
+    balance: maglev
+    backends:
+      - {address: 10.9.1.9:80, mac: "02:00:00:00:00:09"}
+      - {address: 10.9.1.1:80, mac: "02:00:00:00:00:01"}
+`
+	r.apply(l, moved)
+	keys := map[string]bool{}
+	var k lbVipKey
+	var meta lbVipMeta
+	it := fw.objs.Vips.Iterate()
+	for it.Next(&k, &meta) {
+		keys[netip.AddrFrom16(k.Addr).Unmap().String()] = true
+	}
+	if len(keys) != 1 || !keys["10.9.0.2"] {
+		t.Fatalf("VIPs after the move: %v; want only 10.9.0.2", keys)
+	}
+	var sk lbServerKey
+	var sv uint32
+	if fw.objs.ServerIds.Iterate().Next(&sk, &sv) {
+		t.Fatalf("server_id %+v -> %d left behind by a removed service", sk, sv)
+	}
+	if st, _ := fw.Stats(); len(st.VIPs) != 1 {
+		t.Fatalf("VIP names after q left: %v", st.VIPs)
+	}
+	// A restart adopts the maps and keeps every slot, whatever order a fresh loader would
+	// have assigned.
+	before := slotsOf(t, fw)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2 := r.open()
+	defer func() {
+		l2.Close()
+		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
+			t.Error(err)
+		}
+	}()
+	r.apply(l2, moved)
+	after := slotsOf(t, l2.Forwarder())
+	for n, s := range before {
+		if after[n] != s {
+			t.Fatalf("slots before the restart %v, after %v", before, after)
+		}
+	}
+}

@@ -529,6 +529,31 @@ func TestXDPEndToEnd(t *testing.T) {
 		return strings.Contains(lp2.String(), "invalid pools file edit"), ""
 	})
 	echoAll("after a bad edit", "b1")
+	// Draining b2: its connections carry on, new ones go elsewhere.
+	drained := strings.Replace(poolsXDP("b1", "b2", "b3"), fmt.Sprintf("{address: %q}", hosts["b2"].v4+":80"), fmt.Sprintf("{address: %q, drain: true}", hosts["b2"].v4+":80"), 1)
+	os.WriteFile(poolsFile, []byte(drained), 0o644)
+	waitFor(t, 5*time.Second, "no new connection to the drained b2", func() (bool, string) {
+		for i := 0; i < 12; i++ {
+			c, err := tp.dial(vip4 + ":80")
+			if err != nil {
+				return false, err.Error()
+			}
+			if c.backend == "b2" {
+				return false, "b2"
+			}
+		}
+		return true, ""
+	})
+	drainedConns := 0
+	for _, c := range conns {
+		if c.backend == "b2" {
+			drainedConns++
+		}
+	}
+	if drainedConns == 0 {
+		t.Fatal("no connection to b2 to watch through the drain")
+	}
+	echoAll("with b2 draining", "b1")
 	// A VIP that leaves the file stops being forwarded; the others carry on.
 	os.WriteFile(poolsFile, []byte(poolsXDPServices([]string{"spread", "spread6"}, "b1", "b2", "b3")), 0o644)
 	waitFor(t, 5*time.Second, "sticky gone from the forwarder", func() (bool, string) {

@@ -28,6 +28,7 @@ func (s *Server) AdminHandler() http.Handler {
 	counter("stickylb_xds_rollbacks_total", "Nodes returned to their last acknowledged snapshot.", func() float64 { return float64(s.Stats.Rollbacks.Load()) })
 	counter("stickylb_xds_reloads_total", "Pools file reloads applied.", func() float64 { return float64(s.Stats.Reloads.Load()) })
 	counter("stickylb_xds_reload_errors_total", "Pools file edits rejected.", func() float64 { return float64(s.Stats.ReloadErrors.Load()) })
+	counter("stickylb_xds_snapshot_builds_total", "Snapshots translated and validated (one per zone and version).", func() float64 { return float64(s.Stats.Builds.Load()) })
 	counter("stickylb_xds_health_transitions_total", "Backend health transitions published.", func() float64 { return float64(s.Stats.HealthTransitions.Load()) })
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })

@@ -18,7 +18,7 @@ import (
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
-func bigPools(b *testing.B, services, endpoints int, port int) *pools.File {
+func bigPools(b testing.TB, services, endpoints int, port int) *pools.File {
 	var sb strings.Builder
 	sb.WriteString("services:\n")
 	for s := 0; s < services; s++ {

@@ -28,6 +28,8 @@ import (
 // Stats are the server's counters (exported as Prometheus metrics by the admin endpoint).
 type Stats struct {
 	Pushes, NACKs, Reloads, ReloadErrors, Rollbacks, HealthTransitions atomic.Uint64
+	// Builds counts snapshot translations: one per zone and version, shared by the zone's nodes.
+	Builds atomic.Uint64
 }
 
 // nodeState is what the server keeps per subscribing node.
@@ -123,8 +125,10 @@ func (s *Server) ensureNode(n *corev3.Node) {
 	}
 }
 
-// build translates and validates the file for a node.
+// build translates and validates the file for a node. Only the node's zone shapes the
+// result, so callers share one snapshot among a zone's nodes (the cache only reads it).
 func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot, error) {
+	s.Stats.Builds.Add(1)
 	r, err := Translate(f, n, s.view)
 	if err != nil {
 		return nil, err
@@ -161,9 +165,18 @@ func (s *Server) pushLocked(ns *nodeState) error {
 	if ns.rejected == v {
 		return nil
 	}
-	snap, err := s.build(s.file, ns.node, v)
-	if err != nil {
-		return err
+	var snap *cachev3.Snapshot
+	for _, o := range s.nodes { // a zone peer's snapshot of this version serves this node too
+		if o != ns && o.node.Zone == ns.node.Zone && o.current != nil && o.current.GetVersion(resource.ClusterType) == v {
+			snap = o.current
+			break
+		}
+	}
+	if snap == nil {
+		var err error
+		if snap, err = s.build(s.file, ns.node, v); err != nil {
+			return err
+		}
 	}
 	ns.current = snap
 	return s.cache.SetSnapshot(context.Background(), ns.node.ID, snap)
@@ -221,11 +234,16 @@ func (s *Server) Update(f *pools.File) error {
 	// the last good config serving.
 	next := s.version + 1
 	snaps := map[string]*cachev3.Snapshot{}
+	byZone := map[string]*cachev3.Snapshot{}
 	for id, ns := range s.nodes {
-		snap, err := s.build(f, ns.node, strconv.Itoa(next))
-		if err != nil {
-			s.Stats.ReloadErrors.Add(1)
-			return fmt.Errorf("pools file not applied: %w", err)
+		snap, ok := byZone[ns.node.Zone]
+		if !ok {
+			var err error
+			if snap, err = s.build(f, ns.node, strconv.Itoa(next)); err != nil {
+				s.Stats.ReloadErrors.Add(1)
+				return fmt.Errorf("pools file not applied: %w", err)
+			}
+			byZone[ns.node.Zone] = snap
 		}
 		snaps[id] = snap
 	}

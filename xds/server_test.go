@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -232,5 +233,46 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	if c := get("/config"); !strings.Contains(c, `"node":"admin-node"`) || !strings.Contains(c, "api") {
 		t.Fatalf("config: %s", c)
+	}
+}
+
+// Nodes of one zone share one snapshot: a reload translates and validates once per zone,
+// not once per node, and what each node gets is what a build for it alone would give.
+func TestSnapshotSharedByZone(t *testing.T) {
+	f := bigPools(t, 3, 4, 8080)
+	s := NewServer(t.Context(), f, nil, zaptest.NewLogger(t))
+	zoneOf := func(i int) string { return []string{"zone-a", "zone-b", ""}[i%3] }
+	for i := 0; i < 12; i++ {
+		s.ensureNode(&corev3.Node{Id: fmt.Sprintf("n%d", i), Locality: &corev3.Locality{Zone: zoneOf(i)}})
+	}
+	if got := s.Stats.Builds.Load(); got != 3 {
+		t.Fatalf("12 nodes in 3 zones joined: %d builds, want 3", got)
+	}
+	before := s.Stats.Builds.Load()
+	if err := s.Update(bigPools(t, 3, 5, 8080)); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats.Builds.Load() - before; got != 3 {
+		t.Fatalf("a reload with 12 nodes in 3 zones: %d builds, want 3", got)
+	}
+	for i := 0; i < 12; i++ {
+		s.mu.Lock()
+		ns := s.nodes[fmt.Sprintf("n%d", i)]
+		s.mu.Unlock()
+		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.current.GetVersion(resource.ClusterType))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, typ := range typeURLs {
+			got, want := ns.current.GetResources(typ), alone.GetResources(typ)
+			if len(got) != len(want) {
+				t.Fatalf("node %d, %s: %d resources, want %d", i, typ, len(got), len(want))
+			}
+			for name, r := range want {
+				if !proto.Equal(got[name], r) {
+					t.Fatalf("node %d (zone %q), %s %s differs from its own build", i, ns.node.Zone, typ, name)
+				}
+			}
+		}
 	}
 }

@@ -252,6 +252,20 @@ func (d *decoder) str(f field) (string, bool) {
 	return d.strAt(f.name, f.val)
 }
 
+// strWhere decodes a string field that must satisfy valid; a value that does not is
+// reported with format (which takes the value) at the value's position.
+func (d *decoder) strWhere(f field, valid func(string) bool, format string) (string, bool) {
+	v, ok := d.str(f)
+	if !ok {
+		return "", false
+	}
+	if !valid(v) {
+		d.errorf(f.val, format, v)
+		return "", false
+	}
+	return v, true
+}
+
 func (d *decoder) strAt(name string, n *yaml.Node) (string, bool) {
 	rn, ok := d.scalar(field{name: name, val: n}, "a string")
 	if !ok {

@@ -288,21 +288,16 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 		c := &Cookie{}
 		if bfs, ok := d.fields(f.val, "cookie", cookieFields); ok {
 			if g, ok := bfs["name"]; ok {
-				if v, ok := d.str(g); ok {
-					if validToken(v) {
-						c.Name = v
-					} else {
-						d.errorf(g.val, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)", v)
-					}
+				if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
+					c.Name = v
 				}
 			}
 			if g, ok := bfs["path"]; ok {
-				if v, ok := d.str(g); ok {
-					if strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v) {
-						c.Path = v
-					} else {
-						d.errorf(g.val, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces", v)
-					}
+				isPath := func(v string) bool {
+					return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
+				}
+				if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
+					c.Path = v
 				}
 			}
 		}
@@ -312,24 +307,16 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 		c := &AppCookie{}
 		if bfs, ok := d.fields(f.val, "app_cookie", appCookieFields); ok {
 			if g, ok := bfs["name"]; ok {
-				if v, ok := d.str(g); ok {
-					if validToken(v) {
-						c.Name = v
-					} else {
-						d.errorf(g.val, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)", v)
-					}
+				if v, ok := d.strWhere(g, validToken, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
+					c.Name = v
 				}
 			} else {
 				d.errorf(f.key, "app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
 			}
 			if g, ok := bfs["mode"]; ok {
-				if v, ok := d.str(g); ok {
-					if v == AppCookiePrefix || v == AppCookieLearn {
-						c.Mode = v
-					} else {
-						d.errorf(g.val, "app_cookie mode %q: want prefix or learn", v)
-						fail("app_cookie.mode")
-					}
+				isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
+				if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
+					c.Mode = v
 				} else {
 					fail("app_cookie.mode")
 				}
@@ -385,12 +372,8 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 		h := &HeaderKey{}
 		if bfs, ok := d.fields(f.val, "header", headerFields); ok {
 			if g, ok := bfs["name"]; ok {
-				if v, ok := d.str(g); ok {
-					if validToken(v) {
-						h.Name = v
-					} else {
-						d.errorf(g.val, "header name %q: want an HTTP header name such as x-session", v)
-					}
+				if v, ok := d.strWhere(g, validToken, "header name %q: want an HTTP header name such as x-session"); ok {
+					h.Name = v
 				}
 			} else {
 				d.errorf(f.key, "header: name is required (the request header carrying the session key)")

@@ -214,6 +214,29 @@ func (tp *topo) serve(h string, ports ...int) *echoServer {
 	return s
 }
 
+// serveUDP answers each datagram to the VIP's port 53 with the backend's name and the
+// datagram, from the VIP (the socket is bound to it): a DR reply.
+func (tp *topo) serveUDP(h string) {
+	var pc net.PacketConn
+	tp.inNS(h, func() {
+		var err error
+		if pc, err = net.ListenPacket("udp", vip4+":53"); err != nil {
+			tp.t.Fatal(err)
+		}
+	})
+	tp.t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(append([]byte(h+" "), buf[:n]...), from)
+		}
+	}()
+}
+
 func (s *echoServer) kill() {
 	for _, ln := range s.lns {
 		ln.Close()
@@ -350,10 +373,10 @@ func (lp *loaderProc) stop() {
 	}
 }
 
-// poolsXDP writes the test's pools file: services spread, sticky and spread6 (all three
-// unless only names some) over the given backends.
+// poolsXDP writes the test's pools file: TCP services spread, sticky and spread6 and the UDP
+// service dgram over the given backends (poolsXDPServices: only the services named).
 func poolsXDP(backends ...string) string {
-	return poolsXDPServices([]string{"spread", "sticky", "spread6"}, backends...)
+	return poolsXDPServices([]string{"spread", "sticky", "spread6", "dgram"}, backends...)
 }
 
 func poolsXDPServices(only []string, backends ...string) string {
@@ -362,8 +385,15 @@ func poolsXDPServices(only []string, backends ...string) string {
 		if !slices.Contains(only, name) {
 			return
 		}
-		fmt.Fprintf(&b, "  - name: %s\n    protocol: tcp\n    vip: %q\n    affinity: {mode: %s}\n    balance: maglev\n", name, vip, mode)
-		b.WriteString("    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n    backends:\n")
+		proto := "tcp"
+		if name == "dgram" {
+			proto = "udp"
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    protocol: %s\n    vip: %q\n    affinity: {mode: %s}\n    balance: maglev\n", name, proto, vip, mode)
+		if proto == "tcp" {
+			b.WriteString("    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n")
+		}
+		b.WriteString("    backends:\n")
 		for _, h := range backends {
 			a := hosts[h].v4 + ":" + strconv.Itoa(port)
 			if v6 {
@@ -376,6 +406,7 @@ func poolsXDPServices(only []string, backends ...string) string {
 	svc("spread", vip4+":80", "none", 80, false)
 	svc("sticky", vip4+":81", "source_ip", 81, false)
 	svc("spread6", "["+vip6+"]:80", "none", 80, true)
+	svc("dgram", vip4+":53", "none", 53, false)
 	return b.String()
 }
 
@@ -397,6 +428,7 @@ func TestXDPEndToEnd(t *testing.T) {
 	servers := map[string]*echoServer{}
 	for _, h := range []string{"b1", "b2", "b3"} {
 		servers[h] = tp.serve(h, 80, 81)
+		tp.serveUDP(h)
 	}
 	poolsFile := filepath.Join(t.TempDir(), "pools.yaml")
 	os.WriteFile(poolsFile, []byte(poolsXDP("b1", "b2")), 0o644)
@@ -433,6 +465,42 @@ func TestXDPEndToEnd(t *testing.T) {
 		if _, err := tp.dial("[" + vip6 + "]:80"); err != nil {
 			t.Fatalf("IPv6 through XDP: %v", err)
 		}
+	}
+	// UDP, 5-tuple: each client socket stays on one backend, the sockets spread, and the
+	// replies come from the VIP (a connected socket takes no others).
+	udpSeen := map[string]int{}
+	for i := 0; i < 20; i++ {
+		var c net.Conn
+		var err error
+		tp.inNS("cl", func() { c, err = net.Dial("udp", vip4+":53") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := ""
+		for j := 0; j < 3; j++ {
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			msg := fmt.Sprintf("q%d-%d", i, j)
+			buf := make([]byte, 100)
+			c.Write([]byte(msg))
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("UDP socket %d, datagram %d through XDP: %v\nstats: %s", i, j, err, tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS))
+			}
+			name, echoed, _ := strings.Cut(string(buf[:n]), " ")
+			if echoed != msg {
+				t.Fatalf("UDP reply %q to %q", buf[:n], msg)
+			}
+			if first == "" {
+				first = name
+			} else if name != first {
+				t.Fatalf("UDP socket %d moved from %s to %s", i, first, name)
+			}
+		}
+		c.Close()
+		udpSeen[first]++
+	}
+	if len(udpSeen) != 2 {
+		t.Fatalf("20 UDP sockets reached %v; 5-tuple hashing should use both backends", udpSeen)
 	}
 	// Replies bypass the LB: a 1 MiB download from a backend adds little to what the LB
 	// receives (only the client's ACKs pass it).
@@ -510,7 +578,7 @@ func TestXDPEndToEnd(t *testing.T) {
 		t.Fatalf("stats: %v\n%s", err, stats)
 	}
 	for what, c := range map[string]uint64{"paths conn_hit": st.Paths["conn_hit"].Packets, "paths conn_miss": st.Paths["conn_miss"].Packets,
-		"vips spread": st.VIPs["spread"].Packets, "vips spread6": st.VIPs["spread6"].Packets, "vips sticky bytes": st.VIPs["sticky"].Bytes,
+		"vips spread": st.VIPs["spread"].Packets, "vips dgram": st.VIPs["dgram"].Packets, "vips spread6": st.VIPs["spread6"].Packets, "vips sticky bytes": st.VIPs["sticky"].Bytes,
 		"backends spread/b3": st.Backends["spread/"+hosts["b3"].v4+":80"].Packets} {
 		if c == 0 {
 			t.Errorf("stats: %s is 0:\n%s", what, stats)

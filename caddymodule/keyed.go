@@ -49,6 +49,14 @@ type KeyedOptions struct {
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 }
 
+// maxKeyLength is MaxKeyLength or its default.
+func (o *KeyedOptions) maxKeyLength() int {
+	if o.MaxKeyLength == 0 {
+		return keys.DefaultMaxLen
+	}
+	return o.MaxKeyLength
+}
+
 // keyedCore is the machinery behind KeyedOptions.
 type keyedCore struct {
 	table    *sharedTable
@@ -68,9 +76,7 @@ func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, po
 	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize); err != nil {
 		return fmt.Errorf("%s: %w", policy, err)
 	}
-	if o.MaxKeyLength == 0 {
-		o.MaxKeyLength = keys.DefaultMaxLen
-	}
+	o.MaxKeyLength = o.maxKeyLength()
 	name := o.Table
 	if name == "" {
 		name = defaultTable
@@ -159,6 +165,15 @@ func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, k
 	}
 	recordPick(r, u)
 	return u
+}
+
+// selectExtracted picks by the key e extracts from r, or as for a request without one.
+func (k *keyedCore) selectExtracted(e keys.Extractor, pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	key, err := e.Extract(r)
+	if err != nil {
+		return k.selectUnkeyed(pool, r, w)
+	}
+	return k.selectKey(pool, r, key)
 }
 
 // selectUnkeyed picks for a request without a key, with the fallback policy.

@@ -50,10 +50,7 @@ func (s *StickyURL) Provision(ctx caddy.Context) error {
 	if err := s.validateKey(); err != nil {
 		return err
 	}
-	maxLen := s.MaxKeyLength
-	if maxLen == 0 {
-		maxLen = keys.DefaultMaxLen
-	}
+	maxLen := s.maxKeyLength()
 	switch {
 	case s.Query != "":
 		s.extract = keys.Query(s.Query, maxLen)
@@ -95,11 +92,7 @@ func (s *StickyURL) Cleanup() error { s.core.cleanup(); return nil }
 
 // Select returns the upstream of the request's URL key.
 func (s *StickyURL) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	k, err := s.extract.Extract(r)
-	if err != nil {
-		return s.core.selectUnkeyed(pool, r, w)
-	}
-	return s.core.selectKey(pool, r, k)
+	return s.core.selectExtracted(s.extract, pool, r, w)
 }
 
 // StickyHeader keeps requests that carry the same value of a request header on one
@@ -126,10 +119,7 @@ func (s *StickyHeader) Provision(ctx caddy.Context) error {
 	if s.Name == "" {
 		return fmt.Errorf("sticky_header: a header name is required")
 	}
-	maxLen := s.MaxKeyLength
-	if maxLen == 0 {
-		maxLen = keys.DefaultMaxLen
-	}
+	maxLen := s.maxKeyLength()
 	s.extract = keys.Header(s.Name, maxLen)
 	return s.core.provision(ctx, s, &s.KeyedOptions, "sticky_header", "sticky_header:"+http.CanonicalHeaderKey(s.Name), !s.NoTable)
 }
@@ -142,11 +132,7 @@ func (s *StickyHeader) Cleanup() error { s.core.cleanup(); return nil }
 
 // Select returns the upstream of the request's header key.
 func (s *StickyHeader) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	k, err := s.extract.Extract(r)
-	if err != nil {
-		return s.core.selectUnkeyed(pool, r, w)
-	}
-	return s.core.selectKey(pool, r, k)
+	return s.core.selectExtracted(s.extract, pool, r, w)
 }
 
 // StickyIP keeps a client IP on one upstream: the IP as Caddy resolves it (the remote

@@ -35,7 +35,7 @@ nft=$(median 'BenchmarkLiveFrames/arm=nftables' pps)
 echo
 echo "medians of $count runs"
 awk -v f="$floor" -v e="$est" -v n="$new" -v o="$ours" -v t="$nft" -v lf="$lfloor" -v lo="$lours" -v ln="$lnft" 'BEGIN {
-	printf "BPF_PROG_RUN   floor %.0f ns/packet, established %.0f (%.1fx the floor), new flow %.0f (%.1fx)\n", f, e, e / f, n, n / f
+	printf "BPF_PROG_RUN   floor %.0f ns/packet, established %.0f (%.1fx the floor), new connection (SYN) %.0f (%.1fx)\n", f, e, e / f, n, n / f
 	printf "live frames    stickylb %.2f Mpps, nftables netdev fwd %.2f Mpps: stickylb %.2fx nftables\n", o / 1e6, t / 1e6, o / t
 	printf "               per packet: floor %.0f ns, stickylb %.0f, nftables %.0f; over the floor %.0f vs %.0f ns (%.1fx less)\n", lf, lo, ln, lo - lf, ln - lf, (ln - lf) / (lo - lf)
 }'

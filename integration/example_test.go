@@ -24,10 +24,15 @@ func TestCaddyfileExample(t *testing.T) {
 		waitPort(t, a, 10*time.Second)
 	}
 	// Caddy's first active health probe can run before the demo backends listen (they are
-	// sites of the same config); the next probe (health_interval 2s) clears them.
-	waitFor(t, 10*time.Second, "a demo backend answering through :8080", func() (bool, string) {
+	// sites of the same config); the next probe (health_interval 2s) clears them. Wait until
+	// new sessions reach every backend (the config's interval plus 8 s of slack).
+	warm := map[string]int{}
+	waitFor(t, 10*time.Second, "new sessions reaching all three demo backends through :8080", func() (bool, string) {
 		code, body := newClient(t, "").get(t, "http://localhost:8080/")
-		return code == 200, fmt.Sprintf("%d %q", code, body)
+		if code == 200 {
+			warm[body]++
+		}
+		return len(warm) == 3, fmt.Sprintf("%d %q; so far %v", code, body, warm)
 	})
 	seen := map[string]int{}
 	for i := 0; i < 12; i++ {

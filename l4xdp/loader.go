@@ -549,7 +549,10 @@ func (l *Loader) restartCheckersLocked(ctx context.Context, f *pools.File) {
 				select {
 				case <-cctx.Done():
 					return
-				case tr := <-events:
+				case tr, ok := <-events:
+					if !ok { // the checker stopped and closed its subscribers
+						return
+					}
 					l.log.Info("backend health changed", zap.String("service", name), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
 					l.mu.Lock()
 					if err := l.applyLocked(l.file); err != nil {

@@ -82,7 +82,10 @@ func (m *Monitor) Apply(ctx context.Context, f *pools.File) error {
 					select {
 					case <-cctx.Done():
 						return
-					case tr := <-events:
+					case tr, ok := <-events:
+						if !ok { // the checker stopped and closed its subscribers
+							return
+						}
 						m.log.Info("backend health changed", zap.String("service", s.Name), zap.String("backend", tr.ID),
 							zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
 						m.onChange()

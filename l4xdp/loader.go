@@ -202,45 +202,60 @@ func Detach(cfg Config) error {
 	return errors.Join(errs...)
 }
 
-// resolveMAC returns the backend's MAC: from the pools file, else the neighbour table of
-// the interface (asking the kernel to resolve it first).
-func (l *Loader) resolveMAC(b *pools.Backend) (net.HardwareAddr, error) {
-	if hw := b.HardwareAddr(); hw != nil {
-		return hw, nil
-	}
-	ip := b.AddrPort().Addr()
-	lk, err := netlink.LinkByIndex(l.iface.Index)
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		neighs, err := netlink.NeighList(lk.Attrs().Index, family(ip))
-		if err != nil {
-			return nil, fmt.Errorf("reading the neighbour table: %w", err)
+// resolveMACs returns the MAC of every backend: from the pools file, else the neighbour
+// table of the interface, read once a round for all of them, asking the kernel to resolve
+// the missing ones (a datagram each) for up to 3 s.
+func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.HardwareAddr, error) {
+	out := make(map[*pools.Backend]net.HardwareAddr, len(bs))
+	var missing []*pools.Backend
+	for _, b := range bs {
+		if hw := b.HardwareAddr(); hw != nil {
+			out[b] = hw
+		} else {
+			missing = append(missing, b)
 		}
+	}
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
+	deadline := time.Now().Add(3 * time.Second)
+	for len(missing) > 0 {
+		neighs, err := netlink.NeighList(l.iface.Index, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("reading the neighbour table of %s: %w", l.cfg.Iface, err)
+		}
+		known := make(map[netip.Addr]net.HardwareAddr, len(neighs))
 		for _, n := range neighs {
-			if n.IP.Equal(ip.AsSlice()) && len(n.HardwareAddr) == 6 && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_PERMANENT|netlink.NUD_DELAY|netlink.NUD_PROBE) != 0 {
-				return n.HardwareAddr, nil
+			if a, ok := netip.AddrFromSlice(n.IP); ok && len(n.HardwareAddr) == 6 && n.State&usable != 0 {
+				known[a.Unmap()] = n.HardwareAddr
 			}
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("backend %s: no MAC in the neighbour table of %s; set mac: in the pools file or make it reachable", b.Address, l.cfg.Iface)
+		still := missing[:0]
+		for _, b := range missing {
+			if hw, ok := known[b.AddrPort().Addr().Unmap()]; ok {
+				out[b] = hw
+			} else {
+				still = append(still, b)
+			}
 		}
-		// A datagram makes the kernel resolve the neighbour.
-		if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, 9))); err == nil {
-			c.Write([]byte{0})
-			c.Close()
+		missing = still
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var errs []error
+			for _, b := range missing {
+				errs = append(errs, fmt.Errorf("backend %s: no MAC in the neighbour table of %s; set mac: in the pools file or make it reachable", b.Address, l.cfg.Iface))
+			}
+			return nil, errors.Join(errs...)
+		}
+		for _, b := range missing { // a datagram makes the kernel resolve the neighbour
+			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.AddrPort().Addr(), 9))); err == nil {
+				c.Write([]byte{0})
+				c.Close()
+			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func family(a netip.Addr) int {
-	if a.Is4() {
-		return netlink.FAMILY_V4
-	}
-	return netlink.FAMILY_V6
+	return out, nil
 }
 
 // Apply installs f: backends, VIPs and their Maglev tables over the backends that may take
@@ -281,19 +296,31 @@ func (l *Loader) restore() error {
 	return nil
 }
 
-// allocate returns name's index in m, else the lowest free one from lo below hi, recording it.
-func allocate(m map[string]uint32, name string, lo, hi uint32) (uint32, bool) {
-	if v, ok := m[name]; ok {
+// allocator hands out indexes lo..hi-1 for names: a name keeps its index, a new one gets
+// the lowest free index.
+type allocator struct {
+	m      map[string]uint32
+	used   map[uint32]bool
+	next   uint32 // no free index below it
+	lo, hi uint32
+}
+
+func newAllocator(m map[string]uint32, lo, hi uint32) *allocator {
+	a := &allocator{m: m, used: make(map[uint32]bool, len(m)), next: lo, lo: lo, hi: hi}
+	for _, v := range m {
+		a.used[v] = true
+	}
+	return a
+}
+
+func (a *allocator) get(name string) (uint32, bool) {
+	if v, ok := a.m[name]; ok {
 		return v, true
 	}
-	taken := make(map[uint32]bool, len(m))
-	for _, v := range m {
-		taken[v] = true
-	}
-	for i := lo; i < hi; i++ {
-		if !taken[i] {
-			m[name] = i
-			return i, true
+	for ; a.next < a.hi; a.next++ {
+		if !a.used[a.next] {
+			a.m[name], a.used[a.next] = a.next, true
+			return a.next, true
 		}
 	}
 	return 0, false
@@ -343,8 +370,10 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		}
 	}
 	plan := map[string][]plannedBackend{}
+	idAlloc, slotAlloc := newAllocator(ids, 1, MaxVIPs), newAllocator(slots, 0, MaxBackends)
+	var all []*pools.Backend
 	for _, s := range vipServices {
-		if _, ok := allocate(ids, s.Name, 1, MaxVIPs); !ok {
+		if _, ok := idAlloc.get(s.Name); !ok {
 			return fmt.Errorf("service %s: more than %d VIP services", s.Name, MaxVIPs-1)
 		}
 		for _, b := range s.Backends {
@@ -352,16 +381,23 @@ func (l *Loader) applyLocked(f *pools.File) error {
 			if len(key) > maxName {
 				return fmt.Errorf("service %s: backend %s: %q is longer than the forwarder's %d-byte names", s.Name, b.Address, key, maxName)
 			}
-			slot, ok := allocate(slots, key, 0, MaxBackends)
+			slot, ok := slotAlloc.get(key)
 			if !ok {
 				return fmt.Errorf("service %s: more than %d backends in all", s.Name, MaxBackends)
 			}
-			mac, err := l.resolveMAC(b)
-			if err != nil {
-				return err
-			}
-			plan[s.Name] = append(plan[s.Name], plannedBackend{key: key, slot: slot, b: b, mac: mac})
+			plan[s.Name] = append(plan[s.Name], plannedBackend{key: key, slot: slot, b: b})
+			all = append(all, b)
 		}
+	}
+	macs, err := l.resolveMACs(all)
+	if err != nil {
+		return err
+	}
+	for name, ps := range plan {
+		for i := range ps {
+			ps[i].mac = macs[ps[i].b]
+		}
+		plan[name] = ps
 	}
 	var errs []error
 	put := func(what string, err error) {
@@ -411,7 +447,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	// Backends no longer in the file leave the pool: their flows re-pick. A slot or id a
 	// newcomer took over in this same edit is the newcomer's now.
 	for key, slot := range l.slots {
-		if _, ok := slots[key]; !ok && !taken(slots, slot) {
+		if _, ok := slots[key]; !ok && !slotAlloc.used[slot] {
 			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false}))
 			put("unnaming backend "+key, l.fw.objs.BackendNames.Put(slot, lbName{}))
 		}
@@ -420,21 +456,12 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		}
 	}
 	for name, id := range l.vipIDs {
-		if _, ok := ids[name]; !ok && !taken(ids, id) {
+		if _, ok := ids[name]; !ok && !idAlloc.used[id] {
 			put("unnaming VIP "+name, l.fw.objs.VipNames.Put(id, lbName{}))
 		}
 	}
 	l.slots, l.vipIDs = slots, ids
 	return errors.Join(errs...)
-}
-
-func taken(m map[string]uint32, v uint32) bool {
-	for _, x := range m {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // newIndex says whether name got its index in this edit (its counters start from zero).

@@ -176,11 +176,17 @@ func TestValidateRejects(t *testing.T) {
 		// PGV's rule on RingHash, reachable only by opening the Any.
 		"ring too large inside Any": {cluster(&ringhashv3.RingHash{MaximumRingSize: wrapperspb.UInt64(1 << 30)}, "envoy.load_balancing_policies.ring_hash"), "MaximumRingSize"},
 		"no policy":                 {&clusterv3.Cluster{Name: "c"}, "no load_balancing_policy"},
+		// PGV's rule deep in a tree with no Any on the way: the root's ValidateAll reaches it.
+		"port out of range deep in an endpoint": {&endpointv3.ClusterLoadAssignment{ClusterName: "c", Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address: "10.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 70000}}}}}}}}}}}, "PortValue"},
 	}
 	for name, tc := range cases {
 		err := Validate(tc.m)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", name, err, tc.want)
 		}
+		t.Logf("%s: %v", name, err)
 	}
 }

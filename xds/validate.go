@@ -20,53 +20,103 @@ type allValidator interface{ ValidateAll() error }
 // Validate checks m as Envoy would before it is served: PGV rules (ValidateAll) on m and on
 // every message packed in an Any inside it, which PGV does not open, and the semantic checks
 // Envoy makes that PGV cannot express.
-func Validate(m proto.Message) error {
-	if err := validateTree(m.ProtoReflect(), string(m.ProtoReflect().Descriptor().FullName())); err != nil {
-		return err
+func Validate(m proto.Message) error { return newValidator().validate(m) }
+
+// validator remembers, per message type, whether an Any can sit anywhere below it: the walk
+// for Anys skips the subtrees that cannot hold one (endpoints, addresses, most of a cluster).
+type validator struct {
+	holdsAny map[protoreflect.FullName]bool
+}
+
+func newValidator() *validator { return &validator{holdsAny: map[protoreflect.FullName]bool{}} }
+
+func (v *validator) validate(m proto.Message) error {
+	if err := v.tree(m.ProtoReflect(), true); err != nil {
+		return fmt.Errorf("%s%w", m.ProtoReflect().Descriptor().FullName(), err)
 	}
 	return semantic(m)
 }
 
-func validateTree(m protoreflect.Message, path string) error {
-	if v, ok := m.Interface().(allValidator); ok {
-		if err := v.ValidateAll(); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+// mayHoldAny says whether a message of type d can contain an Any. A type met again while
+// its own answer is pending counts as yes: a recursive type is walked, never wrongly skipped.
+func (v *validator) mayHoldAny(d protoreflect.MessageDescriptor) bool {
+	name := d.FullName()
+	if r, ok := v.holdsAny[name]; ok {
+		return r
+	}
+	if name == "google.protobuf.Any" {
+		v.holdsAny[name] = true
+		return true
+	}
+	v.holdsAny[name] = true // pending
+	r := false
+	fs := d.Fields()
+	for i := 0; i < fs.Len() && !r; i++ {
+		f := fs.Get(i)
+		if f.IsMap() {
+			f = f.MapValue()
+		}
+		if f.Kind() == protoreflect.MessageKind || f.Kind() == protoreflect.GroupKind {
+			r = v.mayHoldAny(f.Message())
+		}
+	}
+	v.holdsAny[name] = r
+	return r
+}
+
+// tree runs ValidateAll on a root (the resource, or what an Any holds), which covers its
+// whole tree but the Anys in it, then walks the tree for those. Calling ValidateAll on every
+// node, as this once did, validated each node once per ancestor. Errors carry the path from
+// the resource, built only on the way out of a failure.
+func (v *validator) tree(m protoreflect.Message, root bool) error {
+	if root {
+		if av, ok := m.Interface().(allValidator); ok {
+			if err := av.ValidateAll(); err != nil {
+				return fmt.Errorf(": %w", err)
+			}
 		}
 	}
 	if a, ok := m.Interface().(*anypb.Any); ok {
 		inner, err := a.UnmarshalNew()
 		if err != nil {
-			return fmt.Errorf("%s: opening %s: %w", path, a.GetTypeUrl(), err)
+			return fmt.Errorf(": opening %s: %w", a.GetTypeUrl(), err)
 		}
-		if err := validateTree(inner.ProtoReflect(), path+"("+string(inner.ProtoReflect().Descriptor().FullName())+")"); err != nil {
-			return err
+		name := inner.ProtoReflect().Descriptor().FullName()
+		if err := v.tree(inner.ProtoReflect(), true); err != nil {
+			return fmt.Errorf("(%s)%w", name, err)
 		}
 		if err := semantic(inner); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return fmt.Errorf("(%s): %w", name, err)
 		}
 		return nil
 	}
 	var err error
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
-			return true
-		}
-		p := path + "." + string(fd.Name())
+	m.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
 		switch {
-		case fd.IsList():
-			l := v.List()
-			for i := 0; i < l.Len() && err == nil; i++ {
-				err = validateTree(l.Get(i).Message(), fmt.Sprintf("%s[%d]", p, i))
-			}
 		case fd.IsMap():
-			if fd.MapValue().Kind() == protoreflect.MessageKind {
-				v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-					err = validateTree(mv.Message(), fmt.Sprintf("%s[%v]", p, k.Interface()))
+			if fd.MapValue().Kind() == protoreflect.MessageKind && v.mayHoldAny(fd.MapValue().Message()) {
+				val.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+					if err = v.tree(mv.Message(), false); err != nil {
+						err = fmt.Errorf(".%s[%v]%w", fd.Name(), k.Interface(), err)
+					}
 					return err == nil
 				})
 			}
+		case fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind:
+			// a scalar: nothing below it
+		case !v.mayHoldAny(fd.Message()):
+			// no Any can be below it: its root's ValidateAll covered it
+		case fd.IsList():
+			l := val.List()
+			for i := 0; i < l.Len() && err == nil; i++ {
+				if err = v.tree(l.Get(i).Message(), false); err != nil {
+					err = fmt.Errorf(".%s[%d]%w", fd.Name(), i, err)
+				}
+			}
 		default:
-			err = validateTree(v.Message(), p)
+			if err = v.tree(val.Message(), false); err != nil {
+				err = fmt.Errorf(".%s%w", fd.Name(), err)
+			}
 		}
 		return err == nil
 	})
@@ -107,9 +157,10 @@ func semantic(m proto.Message) error {
 
 // ValidateAll validates every resource of r.
 func (r *Resources) ValidateAll() error {
+	v := newValidator()
 	for _, group := range [][]proto.Message{r.Listeners, r.Routes, r.Clusters, r.Endpoints} {
 		for _, m := range group {
-			if err := Validate(m); err != nil {
+			if err := v.validate(m); err != nil {
 				return err
 			}
 		}

@@ -566,28 +566,17 @@ func (l *Loader) restartCheckersLocked(ctx context.Context, f *pools.File) {
 			continue
 		}
 		l.checkers[s.Name] = c
-		events, unsub := c.Subscribe(64)
+		name := s.Name
+		watch := c.Watch(cctx, 64, func(tr health.Transition) {
+			l.log.Info("backend health changed", zap.String("service", name), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
+			l.mu.Lock()
+			if err := l.applyLocked(l.file); err != nil {
+				l.log.Error("rebuilding tables", zap.Error(err))
+			}
+			l.mu.Unlock()
+		})
 		l.wg.Add(2)
 		go func() { defer l.wg.Done(); _ = c.Run(cctx) }()
-		go func(name string) {
-			defer l.wg.Done()
-			defer unsub()
-			for {
-				select {
-				case <-cctx.Done():
-					return
-				case tr, ok := <-events:
-					if !ok { // the checker stopped and closed its subscribers
-						return
-					}
-					l.log.Info("backend health changed", zap.String("service", name), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
-					l.mu.Lock()
-					if err := l.applyLocked(l.file); err != nil {
-						l.log.Error("rebuilding tables", zap.Error(err))
-					}
-					l.mu.Unlock()
-				}
-			}
-		}(s.Name)
+		go func() { defer l.wg.Done(); watch() }()
 	}
 }

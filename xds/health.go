@@ -75,23 +75,12 @@ func (m *Monitor) Apply(ctx context.Context, f *pools.File) error {
 			cctx, cancel := context.WithCancel(ctx)
 			rc = &runningChecker{c: c, cfg: *s.HealthCheck, cancel: cancel, done: make(chan struct{})}
 			m.checkers[s.Name] = rc
-			events, unsub := c.Subscribe(64)
-			go func() {
-				defer unsub()
-				for {
-					select {
-					case <-cctx.Done():
-						return
-					case tr, ok := <-events:
-						if !ok { // the checker stopped and closed its subscribers
-							return
-						}
-						m.log.Info("backend health changed", zap.String("service", s.Name), zap.String("backend", tr.ID),
-							zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
-						m.onChange()
-					}
-				}
-			}()
+			name := s.Name
+			go c.Watch(cctx, 64, func(tr health.Transition) {
+				m.log.Info("backend health changed", zap.String("service", name), zap.String("backend", tr.ID),
+					zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
+				m.onChange()
+			})()
 			go func() { defer close(rc.done); _ = c.Run(cctx) }()
 		}
 		if err := rc.c.SetTargets(targets); err != nil {

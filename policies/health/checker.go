@@ -333,6 +333,28 @@ func (c *Checker) Subscribe(buf int) (<-chan Transition, func()) {
 	}
 }
 
+// Watch subscribes at once (with a buffer of buf, as Subscribe) and returns the loop that
+// hands each transition to fn until ctx is done or the checker stops, then unsubscribes.
+// Run the loop on a goroutine of the caller's; subscribing before it starts means no
+// transition after Watch returns is missed.
+func (c *Checker) Watch(ctx context.Context, buf int, fn func(Transition)) (loop func()) {
+	ch, unsub := c.Subscribe(buf)
+	return func() {
+		defer unsub()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case tr, ok := <-ch:
+				if !ok { // Run returned and closed the subscriptions
+					return
+				}
+				fn(tr)
+			}
+		}
+	}
+}
+
 // Status reports whether target id is healthy and since when. known is
 // false when id is not a target or has not been probed yet (State Unknown,
 // which is routable: see State.Routable); since is then when it was added.

@@ -456,3 +456,52 @@ func TestUnsubscribeClosesChannel(t *testing.T) {
 		t.Errorf("channel open after cancel")
 	}
 }
+
+// TestWatch: the loop gets the transitions, and returns when its context is done or when
+// the checker stops (its subscription closes), whichever comes first.
+func TestWatch(t *testing.T) {
+	cfg := Config{Protocol: TCP, Interval: 5 * time.Second, Timeout: time.Second}
+	newChecker := func() *Checker {
+		c, err := NewChecker(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetTargets([]Target{{ID: "up", Address: newTCPBackend(t).addr}}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ended := func(done chan struct{}, why string) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the watch loop did not return within 5s of %s", why)
+		}
+	}
+	for _, endBy := range []string{"its context", "the checker stopping"} {
+		c := newChecker()
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan Transition, 4)
+		loop := c.Watch(ctx, 4, func(tr Transition) { got <- tr })
+		done := make(chan struct{})
+		go func() { defer close(done); loop() }()
+		stop := runChecker(t, c)
+		select {
+		case tr := <-got:
+			if tr.ID != "up" || !tr.Healthy {
+				t.Fatalf("%s: transition %+v, want up healthy", endBy, tr)
+			}
+		case <-time.After(firstProbeBound(c.Config()) + schedSlack):
+			t.Fatalf("%s: no transition within the first probe's bound", endBy)
+		}
+		if endBy == "its context" {
+			cancel()
+		} else {
+			stop()
+		}
+		ended(done, endBy)
+		cancel()
+		stop()
+	}
+}

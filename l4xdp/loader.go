@@ -65,9 +65,7 @@ type Loader struct {
 	// restarted loader. Until a (re)started checker has a verdict of its own, this one holds:
 	// a dead backend does not get new flows back for a restart or a pools-file edit.
 	lastDown map[string]bool
-	checkers map[string]*health.Checker
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	health   *pools.HealthMonitor // one checker per VIP service with a health_check
 }
 
 func (c Config) pinDir() string {
@@ -86,7 +84,8 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
 	}
 	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
-		lastDown: map[string]bool{}, checkers: map[string]*health.Checker{}}
+		lastDown: map[string]bool{}}
+	l.health = pools.NewHealthMonitor(l.onTransition, cfg.HealthOptions...)
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
 	}
@@ -175,12 +174,7 @@ func (l *Loader) Forwarder() *Forwarder { return l.fw }
 // Close stops the health checkers and releases this process's handles. The link and maps
 // stay pinned, so the program keeps forwarding until Detach.
 func (l *Loader) Close() error {
-	l.mu.Lock()
-	if l.cancel != nil {
-		l.cancel()
-	}
-	l.mu.Unlock()
-	l.wg.Wait()
+	l.health.Stop() // not under l.mu: a transition being handled takes it
 	err := l.lnk.Close()
 	return errors.Join(err, l.fw.Close())
 }
@@ -268,8 +262,22 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 		return err
 	}
 	l.file = f
-	l.restartCheckersLocked(ctx, f)
+	if err := l.health.Apply(ctx, vipServices(f)); err != nil {
+		return fmt.Errorf("health checks: %w", err)
+	}
 	return nil
+}
+
+// vipServices are the services of f the forwarder serves, by name.
+func vipServices(f *pools.File) []*pools.Service {
+	var out []*pools.Service
+	for _, s := range f.Services {
+		if s.VIP != "" {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 // restore reads back what a previous loader pinned: the slot and VIP id of every name (the
@@ -337,13 +345,7 @@ type plannedBackend struct {
 // names, ids), touching no map, so a bad edit leaves the running config whole; then the
 // writes. Slots and ids survive edits and restarts, so the connection table stays right.
 func (l *Loader) applyLocked(f *pools.File) error {
-	var vipServices []*pools.Service
-	for _, s := range f.Services {
-		if s.VIP != "" {
-			vipServices = append(vipServices, s)
-		}
-	}
-	sort.Slice(vipServices, func(i, j int) bool { return vipServices[i].Name < vipServices[j].Name })
+	served := vipServices(f)
 	slots, ids := map[string]uint32{}, map[string]uint32{}
 	for k, v := range l.slots {
 		slots[k] = v
@@ -353,7 +355,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	}
 	// Names that leave go first, so their slots and ids are free for newcomers.
 	inFile := map[string]bool{}
-	for _, s := range vipServices {
+	for _, s := range served {
 		inFile[s.Name] = true
 		for _, b := range s.Backends {
 			inFile[s.Name+"/"+b.Identity()] = true
@@ -372,7 +374,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	plan := map[string][]plannedBackend{}
 	idAlloc, slotAlloc := newAllocator(ids, 1, MaxVIPs), newAllocator(slots, 0, MaxBackends)
 	var all []*pools.Backend
-	for _, s := range vipServices {
+	for _, s := range served {
 		if _, ok := idAlloc.get(s.Name); !ok {
 			return fmt.Errorf("service %s: more than %d VIP services", s.Name, MaxVIPs-1)
 		}
@@ -407,7 +409,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	}
 	var vips []VIP
 	serverIDs := map[lbServerKey]uint32{}
-	for _, s := range vipServices {
+	for _, s := range served {
 		id := ids[s.Name]
 		n, _ := toName(s.Name)
 		put("naming VIP "+s.Name, l.fw.objs.VipNames.Put(id, n))
@@ -511,16 +513,11 @@ func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend)
 		delete(l.lastDown, key)
 		return false
 	}
-	c := l.checkers[s.Name] // nil before the first Apply has started them
-	var st health.TargetStatus
-	ok := false
-	if c != nil {
-		st, ok = c.Lookup(b.Identity())
-	}
-	if !ok || st.State == health.Unknown {
+	st := l.health.View(s.Name, b) // Unknown before the first Apply has started the checker
+	if st == health.Unknown {
 		return l.lastDown[key]
 	}
-	l.lastDown[key] = st.State == health.Unhealthy
+	l.lastDown[key] = st == health.Unhealthy
 	return l.lastDown[key]
 }
 
@@ -539,44 +536,13 @@ func PinnedStats(cfg Config) (Stats, error) {
 	return readStats(statsMaps{m[0], m[1], m[2], m[3], m[4]})
 }
 
-// restartCheckersLocked runs a health checker per VIP service with health_check; each
-// transition rebuilds the tables (flows to surviving backends are untouched).
-func (l *Loader) restartCheckersLocked(ctx context.Context, f *pools.File) {
-	if l.cancel != nil {
-		l.cancel()
-		l.mu.Unlock()
-		l.wg.Wait()
-		l.mu.Lock()
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	l.cancel = cancel
-	l.checkers = map[string]*health.Checker{}
-	for _, s := range f.Services {
-		if s.VIP == "" || s.HealthCheck == nil {
-			continue
-		}
-		c, err := health.NewChecker(s.HealthCheck.CheckerConfig(), l.cfg.HealthOptions...)
-		if err != nil {
-			l.log.Error("health checker", zap.String("service", s.Name), zap.Error(err))
-			continue
-		}
-		ts := s.HealthTargets()
-		if err := c.SetTargets(ts); err != nil {
-			l.log.Error("health targets", zap.String("service", s.Name), zap.Error(err))
-			continue
-		}
-		l.checkers[s.Name] = c
-		name := s.Name
-		watch := c.Watch(cctx, 64, func(tr health.Transition) {
-			l.log.Info("backend health changed", zap.String("service", name), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
-			l.mu.Lock()
-			if err := l.applyLocked(l.file); err != nil {
-				l.log.Error("rebuilding tables", zap.Error(err))
-			}
-			l.mu.Unlock()
-		})
-		l.wg.Add(2)
-		go func() { defer l.wg.Done(); _ = c.Run(cctx) }()
-		go func() { defer l.wg.Done(); watch() }()
+// onTransition rebuilds the tables after a health transition (flows to surviving backends
+// are untouched).
+func (l *Loader) onTransition(service string, tr health.Transition) {
+	l.log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.applyLocked(l.file); err != nil {
+		l.log.Error("rebuilding tables", zap.Error(err))
 	}
 }

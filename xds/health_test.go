@@ -16,7 +16,7 @@ import (
 )
 
 // startMonitored serves src with the fleet health checker wired in, as `stickylb xds` does.
-func startMonitored(t *testing.T, src string) (*Server, *Monitor, string) {
+func startMonitored(t *testing.T, src string) (*Server, *pools.HealthMonitor, string) {
 	t.Helper()
 	f, err := pools.Parse("zones.yaml", []byte(src))
 	if err != nil {
@@ -25,13 +25,13 @@ func startMonitored(t *testing.T, src string) (*Server, *Monitor, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	var s *Server
-	mon := NewMonitor(zaptest.NewLogger(t), func() {
+	mon := pools.NewHealthMonitor(func(string, health.Transition) {
 		s.Stats.HealthTransitions.Add(1)
 		_ = s.Refresh()
 	})
 	t.Cleanup(mon.Stop)
 	s = NewServer(ctx, f, mon.View, zaptest.NewLogger(t))
-	if err := mon.Apply(ctx, f); err != nil {
+	if err := mon.Apply(ctx, f.Services); err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
 )
@@ -77,7 +78,9 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	}
 	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	var s *xds.Server
-	mon := xds.NewMonitor(log, func() {
+	mon := pools.NewHealthMonitor(func(service string, tr health.Transition) {
+		log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
+			zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
 		s.Stats.HealthTransitions.Add(1)
 		if err := s.Refresh(); err != nil {
 			log.Error("publishing health", zap.Error(err))
@@ -85,7 +88,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	})
 	defer mon.Stop()
 	s = xds.NewServer(ctx, f, mon.View, log)
-	if err := mon.Apply(ctx, f); err != nil {
+	if err := mon.Apply(ctx, f.Services); err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return 1
 	}
@@ -111,7 +114,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		defer hs.Close()
 	}
 	go xds.Watch(ctx, o.pools, o.poll, s, log, func(nf *pools.File) {
-		if err := mon.Apply(ctx, nf); err != nil {
+		if err := mon.Apply(ctx, nf.Services); err != nil {
 			log.Error("retargeting health checks", zap.Error(err))
 		}
 	})

@@ -163,6 +163,22 @@ func (tp *topo) get(h, addr, path string) string {
 	return string(out)
 }
 
+// noneReach opens n new connections to the VIP's port 80, closing each, and reports whether
+// none reached backend (and, if one did or a dial failed, what).
+func (tp *topo) noneReach(backend string, n int) (bool, string) {
+	for i := 0; i < n; i++ {
+		c, err := tp.dial(vip4 + ":80")
+		if err != nil {
+			return false, err.Error()
+		}
+		c.c.Close()
+		if c.backend == backend {
+			return false, backend
+		}
+	}
+	return true, ""
+}
+
 // echoServer answers each connection with its name and a newline, then echoes lines.
 type echoServer struct {
 	name  string
@@ -546,15 +562,8 @@ func TestXDPEndToEnd(t *testing.T) {
 	// A round passes only if 48 new connections in a row miss b1: while b1 is still in the
 	// table that happens by luck with probability (2/3)^48, under 1e-8.
 	waitFor(t, 3500*time.Millisecond, "b1 out of the tables", func() (bool, string) {
-		for i := 0; i < 48; i++ {
-			c, err := tp.dial(vip4 + ":80")
-			if err != nil {
-				return false, err.Error()
-			}
-			c.c.Close()
-			if c.backend == "b1" {
-				return false, "b1"
-			}
+		if ok, saw := tp.noneReach("b1", 48); !ok {
+			return false, saw
 		}
 		took = time.Since(killed)
 		return true, ""
@@ -607,17 +616,7 @@ func TestXDPEndToEnd(t *testing.T) {
 	drained := strings.Replace(poolsXDP("b1", "b2", "b3"), fmt.Sprintf("{address: %q}", hosts["b2"].v4+":80"), fmt.Sprintf("{address: %q, drain: true}", hosts["b2"].v4+":80"), 1)
 	os.WriteFile(poolsFile, []byte(drained), 0o644)
 	waitFor(t, 5*time.Second, "no new connection to the drained b2", func() (bool, string) {
-		for i := 0; i < 32; i++ { // missing b2 by luck while it is in the table: 2^-32
-			c, err := tp.dial(vip4 + ":80")
-			if err != nil {
-				return false, err.Error()
-			}
-			c.c.Close()
-			if c.backend == "b2" {
-				return false, "b2"
-			}
-		}
-		return true, ""
+		return tp.noneReach("b2", 32) // missing b2 by luck while it is in the table: 2^-32
 	})
 	drainedConns := 0
 	for _, c := range conns {

@@ -47,28 +47,20 @@ type testServer struct {
 
 	mu   sync.Mutex
 	reqs []seen
+	// onRequest, when set, sees every request with its stream's node instead of the record.
+	onRequest func(node string, r *discoveryv3.DiscoveryRequest)
 	// onNACK, when set, runs on every NACK before the server answers it (a real control
 	// plane rolls the node back there).
 	onNACK func(*discoveryv3.DiscoveryRequest)
 	opens  int
 }
 
-// startServer serves cache on addr ("" for a free port). A fixed address is retried until
-// the kernel lets it go (a server just stopped there).
+// startServer serves cache on addr ("" for a free port).
 func startServer(t testing.TB, addr string, cache cachev3.SnapshotCache, opts ...grpc.ServerOption) *testServer {
 	t.Helper()
 	s := &testServer{cache: cache}
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	var ln net.Listener
-	eventually(t, 5*time.Second, "listening on "+addr, func() (bool, string) {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err == nil, fmt.Sprint(err)
-	})
-	s.addr = ln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	xs := serverv3.NewServer(ctx, cache, serverv3.CallbackFuncs{
 		StreamOpenFunc: func(context.Context, int64, string) error {
 			s.mu.Lock()
@@ -86,11 +78,29 @@ func startServer(t testing.TB, addr string, cache cachev3.SnapshotCache, opts ..
 			return nil
 		},
 	})
-	s.g = grpc.NewServer(append(opts, grpc.StreamInterceptor(s.record))...)
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.g, xs)
-	go func() { _ = s.g.Serve(ln) }()
-	t.Cleanup(func() { s.g.Stop(); cancel() })
+	s.serve(t, addr, func(g *grpc.Server) { discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, xs) }, opts...)
 	return s
+}
+
+// serve runs a gRPC server with register's services on addr ("" for a free port),
+// recording every request. A fixed address is retried until the kernel lets it go (a
+// server just stopped there).
+func (s *testServer) serve(t testing.TB, addr string, register func(*grpc.Server), opts ...grpc.ServerOption) {
+	t.Helper()
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var ln net.Listener
+	eventually(t, 5*time.Second, "listening on "+addr, func() (bool, string) {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err == nil, fmt.Sprint(err)
+	})
+	s.addr = ln.Addr().String()
+	s.g = grpc.NewServer(append(opts, grpc.StreamInterceptor(s.record))...)
+	register(s.g)
+	go func() { _ = s.g.Serve(ln) }()
+	t.Cleanup(s.g.Stop)
 }
 
 // record keeps every request as it arrived, before go-control-plane copies the stream's
@@ -120,8 +130,14 @@ func (r *recordingStream) RecvMsg(m any) error {
 			r.node = req.GetNode().GetId()
 		}
 		r.s.mu.Lock()
-		r.s.reqs = append(r.s.reqs, seen{r.node, proto.Clone(req).(*discoveryv3.DiscoveryRequest)})
+		on := r.s.onRequest
+		if on == nil {
+			r.s.reqs = append(r.s.reqs, seen{r.node, proto.Clone(req).(*discoveryv3.DiscoveryRequest)})
+		}
 		r.s.mu.Unlock()
+		if on != nil {
+			on(r.node, req)
+		}
 	}
 	return nil
 }

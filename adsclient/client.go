@@ -68,6 +68,11 @@ type subscription struct {
 	// is NACKed without calling the handler.
 	rejected     map[string]proto.Message
 	rejectReason string
+	// nacks counts this stream's NACKs of the type since its last ACK. A server that answers
+	// a NACK by sending the same thing again (go-control-plane's cache does, unless the
+	// control plane rolls the node back) would loop at network speed: every NACK after the
+	// first waits as a reconnect would (Backoff, without jitter).
+	nacks int
 }
 
 // updateKey labels the update counter.
@@ -278,7 +283,7 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 	c.mu.Lock()
 	c.connected = true
 	for _, s := range c.subs {
-		s.rejected = nil // a new stream gives a rejected update one more try
+		s.rejected, s.nacks = nil, 0 // a new stream gives a rejected update one more try
 	}
 	c.mu.Unlock()
 	c.log.Info("xDS stream up")
@@ -306,6 +311,21 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 	if err := c.sync(st, types); err != nil {
 		return false, err
 	}
+	// held are NACKs waiting out their delay, by type; fire is the earliest one's timer.
+	held := map[string]heldNACK{}
+	var fire <-chan time.Time
+	rearm := func() {
+		fire = nil
+		var first time.Time
+		for _, h := range held {
+			if first.IsZero() || h.at.Before(first) {
+				first = h.at
+			}
+		}
+		if !first.IsZero() {
+			fire = time.After(time.Until(first))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -316,13 +336,45 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 			if err := c.sync(st, types); err != nil {
 				return healthy, err
 			}
+			for typeURL := range held {
+				if types[typeURL].sub == nil {
+					delete(held, typeURL) // unsubscribed meanwhile
+				}
+			}
+			rearm()
+		case <-fire:
+			now := time.Now()
+			for typeURL, h := range held {
+				if !now.Before(h.at) {
+					delete(held, typeURL)
+					if err := st.Send(h.req); err != nil {
+						return healthy, fmt.Errorf("sending the %s NACK: %w", typeURL, err)
+					}
+				}
+			}
+			rearm()
 		case r := <-resps:
 			healthy = true
-			if err := c.handle(st, types, r); err != nil {
-				return healthy, err
+			req, delay := c.handle(types, r)
+			if req == nil {
+				continue
+			}
+			if delay > 0 {
+				held[r.GetTypeUrl()] = heldNACK{req: req, at: time.Now().Add(delay)}
+				rearm()
+				continue
+			}
+			if err := st.Send(req); err != nil {
+				return healthy, fmt.Errorf("sending the %s (N)ACK: %w", r.GetTypeUrl(), err)
 			}
 		}
 	}
+}
+
+// heldNACK is a NACK sent when its delay is over.
+type heldNACK struct {
+	req *discoveryv3.DiscoveryRequest
+	at  time.Time
 }
 
 // sync sends a request for every subscription the stream has not asked for as it now
@@ -392,8 +444,9 @@ func (c *Client) requestLocked(ts *typeStream, version string, detail *statuspb.
 	return r
 }
 
-// handle decodes a response, has the handler apply it, and ACKs or NACKs it.
-func (c *Client) handle(st adsStream, types map[string]*typeStream, resp *discoveryv3.DiscoveryResponse) error {
+// handle decodes a response and has the handler apply it; it returns the ACK or NACK to
+// send (nil for a type not subscribed) and how long to hold it.
+func (c *Client) handle(types map[string]*typeStream, resp *discoveryv3.DiscoveryResponse) (*discoveryv3.DiscoveryRequest, time.Duration) {
 	typeURL := resp.GetTypeUrl()
 	c.mu.Lock()
 	ts := types[typeURL]
@@ -405,7 +458,7 @@ func (c *Client) handle(st adsStream, types map[string]*typeStream, resp *discov
 	if s == nil || c.subs[typeURL] != s {
 		c.mu.Unlock()
 		c.log.Debug("response for a type not subscribed", zap.String("type", typeURL))
-		return nil
+		return nil, 0
 	}
 	var names map[string]bool
 	if s.names != nil {
@@ -435,10 +488,16 @@ func (c *Client) handle(st adsStream, types map[string]*typeStream, resp *discov
 	c.mu.Lock()
 	c.counts[updateKey{typeURL, result}]++
 	var req *discoveryv3.DiscoveryRequest
+	var delay time.Duration
 	if err != nil {
 		req = c.requestLocked(ts, s.acked, &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()})
+		if s.nacks > 0 {
+			b := backoff{cfg: c.cfg.Backoff, attempt: s.nacks - 1}
+			delay = b.ceiling()
+		}
+		s.nacks++
 	} else {
-		s.acked = version
+		s.acked, s.nacks = version, 0
 		c.lastUpdate = time.Now()
 		req = c.requestLocked(ts, version, nil)
 	}
@@ -446,15 +505,12 @@ func (c *Client) handle(st adsStream, types map[string]*typeStream, resp *discov
 
 	if err != nil {
 		c.log.Warn("rejected an xDS update", zap.String("type", typeURL), zap.String("version", version),
-			zap.String("kept_version", req.GetVersionInfo()), zap.Error(err))
+			zap.String("kept_version", req.GetVersionInfo()), zap.Duration("nack_delay", delay), zap.Error(err))
 	} else if result == resultApplied {
 		c.log.Info("applied an xDS update", zap.String("type", typeURL), zap.String("version", version),
 			zap.Int("resources", len(res)))
 	}
-	if err := st.Send(req); err != nil {
-		return fmt.Errorf("sending the %s (N)ACK: %w", typeURL, err)
-	}
-	return nil
+	return req, delay
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -153,6 +153,53 @@ func TestSubscribeACKAndNACK(t *testing.T) {
 	}
 }
 
+// TestNACKLoopIsPaced: a server that answers a NACK by sending the rejected version again
+// (go-control-plane's cache with no rollback) gets each NACK after the first later than the
+// one before (Backoff without jitter: 20, 40, 80 ms), the handler sees the rejected version
+// once, and the next good version still applies.
+func TestNACKLoopIsPaced(t *testing.T) {
+	const node = "n"
+	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "1", 8080, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, "", cache)
+	rec := newRecorder()
+	const initial = 20 * time.Millisecond
+	c := newClient(t, Config{Server: srv.addr, NodeID: node, Backoff: Backoff{Initial: initial, Max: time.Second}}, rec, nil)
+	eventually(t, wait, "ACK of version 1", func() (bool, string) { return srv.acked(node, cds, "1"), "" })
+	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "2", 8080, clusterv3.Cluster_MAGLEV)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, wait, "four NACKs", func() (bool, string) {
+		return len(srv.nackTimes(node, cds)) >= 4, fmt.Sprint(len(srv.nackTimes(node, cds)))
+	})
+	at := srv.nackTimes(node, cds)
+	for i := 1; i < 4; i++ {
+		// A NACK is held for its delay after the re-send arrived, so the gap between two
+		// arrivals is at least that delay.
+		if gap, min := at[i].Sub(at[i-1]), initial<<(i-1); gap < min {
+			t.Errorf("gap before NACK %d = %v, want at least %v", i+1, gap, min)
+		}
+	}
+	var refused int
+	for _, cl := range rec.get(cds) {
+		if cl.err != nil {
+			refused++
+		}
+	}
+	if refused != 1 {
+		t.Errorf("handler refused %d times, want once", refused)
+	}
+	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "3", 9090, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, wait, "ACK of version 3", func() (bool, string) { return srv.acked(node, cds, "3"), "" })
+	if v := c.Version(cds); v != "3" {
+		t.Errorf("version = %q", v)
+	}
+}
+
 // TestReconnectResumesFromAckedVersion: the control plane dies and a new one takes its
 // port: the client reconnects, restates its subscriptions from the versions it ACKed (an
 // identical re-send is ACKed without reaching the handler), and converges on new content.

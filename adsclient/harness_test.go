@@ -113,6 +113,7 @@ func (s *testServer) record(srv any, ss grpc.ServerStream, _ *grpc.StreamServerI
 type seen struct {
 	node string
 	req  *discoveryv3.DiscoveryRequest
+	at   time.Time
 }
 
 type recordingStream struct {
@@ -132,7 +133,7 @@ func (r *recordingStream) RecvMsg(m any) error {
 		r.s.mu.Lock()
 		on := r.s.onRequest
 		if on == nil {
-			r.s.reqs = append(r.s.reqs, seen{r.node, proto.Clone(req).(*discoveryv3.DiscoveryRequest)})
+			r.s.reqs = append(r.s.reqs, seen{r.node, proto.Clone(req).(*discoveryv3.DiscoveryRequest), time.Now()})
 		}
 		r.s.mu.Unlock()
 		if on != nil {
@@ -184,6 +185,19 @@ func (s *testServer) nacks(node, typeURL string) []*discoveryv3.DiscoveryRequest
 	for _, r := range s.from(node) {
 		if r.GetTypeUrl() == typeURL && r.GetErrorDetail() != nil {
 			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// nackTimes returns when node's NACKs of typeURL arrived.
+func (s *testServer) nackTimes(node, typeURL string) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Time
+	for _, r := range s.reqs {
+		if r.node == node && r.req.GetTypeUrl() == typeURL && r.req.GetErrorDetail() != nil {
+			out = append(out, r.at)
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package adsclient
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -143,7 +144,7 @@ func TestSubscribeACKAndNACK(t *testing.T) {
 		}
 	}
 	for k, want := range map[string]float64{
-		"stickylb_xds_connected": 1,
+		"stickylb_xds_connected":                     1,
 		"stickylb_xds_updates_total,rejected," + cds: 2,
 		"stickylb_xds_updates_total,applied," + cds:  2,
 	} {
@@ -352,5 +353,40 @@ func TestDecode(t *testing.T) {
 	resp.Resources[0].Value = []byte{0xff}
 	if _, err := decode(resp, nil); err == nil {
 		t.Error("garbage decoded")
+	}
+}
+
+// TestCloseWaitsForGoroutines: once Close returns, none of the client's goroutines (the
+// stream loop, the receiver) is left, whether it was streaming or waiting to reconnect.
+func TestCloseWaitsForGoroutines(t *testing.T) {
+	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), "n", snapshot(t, "1", 1, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, "", cache)
+	ours := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "adsclient.(*Client)")
+	}
+	for _, up := range []bool{true, false} {
+		c := newClient(t, Config{Server: srv.addr, NodeID: "n"}, newRecorder(), nil)
+		if up {
+			eventually(t, wait, "ACK", func() (bool, string) { return srv.acked("n", cds, "1"), "" })
+		} else {
+			srv.g.Stop()
+			eventually(t, wait, "disconnected", func() (bool, string) { return !c.Connected(), "" })
+		}
+		if ours() == 0 {
+			t.Fatal("no client goroutine found before Close: the check sees nothing")
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := ours(); n != 0 {
+			t.Errorf("up=%v: %d client goroutines after Close", up, n)
+		}
+		if err := c.Close(); err != nil { // twice is fine
+			t.Fatal(err)
+		}
 	}
 }

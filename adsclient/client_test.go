@@ -357,7 +357,8 @@ func TestDecode(t *testing.T) {
 }
 
 // TestCloseWaitsForGoroutines: once Close returns, none of the client's goroutines (the
-// stream loop, the receiver) is left, whether it was streaming or waiting to reconnect.
+// stream loop, the receiver) is left, whether it was streaming or waiting to reconnect;
+// cancelling the context given to Start ends them too.
 func TestCloseWaitsForGoroutines(t *testing.T) {
 	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
 	if err := cache.SetSnapshot(context.Background(), "n", snapshot(t, "1", 1, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
@@ -388,5 +389,23 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 		if err := c.Close(); err != nil { // twice is fine
 			t.Fatal(err)
 		}
+	}
+
+	// Cancelling Start's context stops the client as Close does.
+	c, err := New(Config{Server: srv.addr, NodeID: "n"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err == nil {
+		t.Error("started twice")
+	}
+	cancel()
+	eventually(t, wait, "goroutines gone after cancel", func() (bool, string) { return ours() == 0, fmt.Sprint(ours()) })
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -24,8 +24,9 @@ import (
 // version they came with. Returning an error rejects the update: the client NACKs it with
 // the error's text, and the handler must leave the state it last applied in place.
 //
-// Handlers run one at a time on the client's goroutine; they may call Subscribe, SetNames
-// and Unsubscribe, but must not block on the client's progress.
+// The client keeps the resources to recognise a re-send, so the handler must not modify
+// them. Handlers run one at a time on the client's goroutine; they may call Subscribe,
+// SetNames and Unsubscribe, but not Close (which waits for them).
 type Handler func(version string, resources map[string]proto.Message) error
 
 // Client is one ADS stream to one control plane, with its subscriptions. It is safe for
@@ -54,8 +55,9 @@ type Client struct {
 	wg sync.WaitGroup
 }
 
-// subscription is the client's state for one type URL. Its fields are guarded by Client.mu;
-// applied and rejected are only touched by the stream goroutine.
+// subscription is the client's state for one type URL. Its fields are guarded by Client.mu,
+// except the handler's (applied, hasApplied, rejected, rejectReason), which only the
+// stream goroutine touches.
 type subscription struct {
 	typeURL string
 	names   map[string]bool // nil: wildcard
@@ -128,6 +130,8 @@ func (c *Client) Subscribe(typeURL string, h Handler, names ...string) error {
 
 // SetNames replaces the names of a named subscription (no names: none of them). A wildcard
 // subscription cannot become named, nor the reverse: Unsubscribe and Subscribe again.
+// Added names arrive when the server answers; resources whose names were removed stay
+// applied until the next response of the type (a server need not answer a removal).
 func (c *Client) SetNames(typeURL string, names ...string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

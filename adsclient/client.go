@@ -13,9 +13,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.uber.org/zap"
-	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -403,7 +403,7 @@ func (c *Client) sync(st adsStream, types map[string]*typeStream) error {
 		} else if slices.Equal(ts.names, sortedKeys(s.names)) {
 			continue
 		}
-		reqs = append(reqs, c.requestLocked(ts, s.acked, nil))
+		reqs = append(reqs, c.requestLocked(ts, s.acked))
 	}
 	for typeURL, ts := range types {
 		if c.subs[typeURL] != nil {
@@ -428,7 +428,7 @@ func (c *Client) sync(st adsStream, types map[string]*typeStream) error {
 
 // requestLocked builds the next request of ts's subscription, carrying its current names
 // (every state-of-the-world request restates them), and records what it says.
-func (c *Client) requestLocked(ts *typeStream, version string, detail *statuspb.Status) *discoveryv3.DiscoveryRequest {
+func (c *Client) requestLocked(ts *typeStream, version string) *discoveryv3.DiscoveryRequest {
 	s := ts.sub
 	var names []string
 	if s.names != nil {
@@ -439,7 +439,6 @@ func (c *Client) requestLocked(ts *typeStream, version string, detail *statuspb.
 		VersionInfo:   version,
 		ResourceNames: names,
 		ResponseNonce: ts.nonce,
-		ErrorDetail:   detail,
 	}
 	if !ts.sent {
 		r.Node = c.node // the first request of each type carries the node
@@ -494,7 +493,8 @@ func (c *Client) handle(types map[string]*typeStream, resp *discoveryv3.Discover
 	var req *discoveryv3.DiscoveryRequest
 	var delay time.Duration
 	if err != nil {
-		req = c.requestLocked(ts, s.acked, &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()})
+		req = c.requestLocked(ts, s.acked)
+		req.ErrorDetail = status.New(codes.InvalidArgument, err.Error()).Proto()
 		if s.nacks > 0 {
 			b := backoff{cfg: c.cfg.Backoff, attempt: s.nacks - 1}
 			delay = b.ceiling()
@@ -503,7 +503,7 @@ func (c *Client) handle(types map[string]*typeStream, resp *discoveryv3.Discover
 	} else {
 		s.acked, s.nacks = version, 0
 		c.lastUpdate = time.Now()
-		req = c.requestLocked(ts, version, nil)
+		req = c.requestLocked(ts, version)
 	}
 	c.mu.Unlock()
 

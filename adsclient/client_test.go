@@ -10,10 +10,14 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -407,5 +411,61 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 	eventually(t, wait, "goroutines gone after cancel", func() (bool, string) { return ours() == 0, fmt.Sprint(ours()) })
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLargeResponse: one EDS response above gRPC's default 4 MiB limit (90,000 endpoints
+// with host names) is received and applied. Skipped under -short: 4 s with -race.
+func TestLargeResponse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 4 MiB response: slow under -race")
+	}
+	const endpoints = 90000
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: "a", Endpoints: []*endpointv3.LocalityLbEndpoints{{}}}
+	for i := range endpoints {
+		cla.Endpoints[0].LbEndpoints = append(cla.Endpoints[0].LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Hostname: fmt.Sprintf("backend-%d.pool.example", i),
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 8080}}}},
+			}},
+		})
+	}
+	if size := proto.Size(cla); size <= 4<<20 {
+		t.Fatalf("response of %d bytes does not exceed 4 MiB", size)
+	}
+	snap, err := cachev3.NewSnapshot("1", map[resource.Type][]types.Resource{resource.EndpointType: {cla}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), "n", snap); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, "", cache)
+	c, err := New(Config{Server: srv.addr, NodeID: "n"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 1)
+	if err := c.Subscribe(eds, func(_ string, res map[string]proto.Message) error {
+		got <- len(res["a"].(*endpointv3.ClusterLoadAssignment).GetEndpoints()[0].GetLbEndpoints())
+		return nil
+	}, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case n := <-got:
+		if n != endpoints {
+			t.Errorf("applied %d endpoints, want %d", n, endpoints)
+		}
+	case <-time.After(wait):
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		t.Fatalf("nothing applied within %s; last error %v", wait, c.lastErr)
 	}
 }

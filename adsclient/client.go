@@ -359,6 +359,10 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 			rearm()
 		case r := <-resps:
 			healthy = true
+			if _, ok := held[r.GetTypeUrl()]; ok {
+				delete(held, r.GetTypeUrl()) // answered by what answers this newer response
+				rearm()
+			}
 			req, delay := c.handle(types, r)
 			if req == nil {
 				continue

@@ -47,7 +47,8 @@ func TestBackoffGrowth(t *testing.T) {
 
 // TestBackoffJitterBounds: real draws at a fixed ceiling stay in [0, ceiling] and their
 // mean is the ceiling's half within 4 sigma of the uniform distribution's mean
-// (sigma = ceiling / sqrt(12 n)); the seed is fixed, so the test is repeatable.
+// (sigma = ceiling / sqrt(12 n)); the PCG source starts from constants, so the test is
+// repeatable.
 func TestBackoffJitterBounds(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const n = 20000

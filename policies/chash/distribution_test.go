@@ -57,11 +57,11 @@ func TestDisruptionModN3To4(t *testing.T) {
 func TestDisruptionRing3To4FixedPointsPerHost(t *testing.T) {
 	keys := fixedKeyHashes()
 	h3, h4 := equalHosts(3), equalHosts(4)
-	r3, err := NewRing(h3, 300*3, DefaultMaxRingSize)
+	r3, err := NewRing(h3, 300*3, MaxRingSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r4, err := NewRing(h4, 300*4, DefaultMaxRingSize)
+	r4, err := NewRing(h4, 300*4, MaxRingSize)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ package pools
 //
 //	affinity                   mode none when the block is omitted
 //	affinity.ttl               30m (DefaultTTL)
-//	affinity.max_sessions      1048576 (DefaultMaxSessions)
+//	affinity.max_sessions      100000 (DefaultMaxSessions)
 //	affinity.cookie            mode cookie: name lb_session, path /
 //	affinity.app_cookie.mode   prefix
 //	affinity.quic_cid          mode quic_cid: cid_length 8
@@ -24,8 +24,9 @@ package pools
 //	health_check.protocol      http for http services, icmp for udp, tcp
 //	                           otherwise
 //	health_check.path          / (http checks only)
-//	health_check.interval      5s, timeout 2s, healthy_threshold 2,
-//	                           unhealthy_threshold 3
+//	health_check.interval      5s, timeout min(2s, interval/2),
+//	                           healthy_threshold 2, unhealthy_threshold 3
+//	                           (health.Config.WithDefaults: the checker's own)
 //	cross_zone                 true
 //	backend weight             1
 //
@@ -110,21 +111,10 @@ func applyDefaults(s *Service, given func(path string) bool) {
 				hc.Protocol = HealthTCP
 			}
 		}
-		if hc.Protocol == HealthHTTP && hc.Path == "" {
-			hc.Path = DefaultHealthPath
-		}
-		if hc.Interval == 0 {
-			hc.Interval = DefaultHealthInterval
-		}
-		if hc.Timeout == 0 {
-			hc.Timeout = DefaultHealthTimeout
-		}
-		if hc.HealthyThreshold == 0 {
-			hc.HealthyThreshold = DefaultHealthyThreshold
-		}
-		if hc.UnhealthyThreshold == 0 {
-			hc.UnhealthyThreshold = DefaultUnhealthyThreshold
-		}
+		// The checker's defaults, so what validate accepts is what the checker runs.
+		c := hc.CheckerConfig().WithDefaults()
+		hc.Path, hc.Interval, hc.Timeout = c.Path, c.Interval, c.Timeout
+		hc.HealthyThreshold, hc.UnhealthyThreshold = c.HealthyThreshold, c.UnhealthyThreshold
 	}
 
 	if !given("cross_zone") {

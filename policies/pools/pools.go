@@ -18,6 +18,10 @@ import (
 	"net/netip"
 	"os"
 	"time"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/sessions"
 )
 
 // Service protocols. http and grpc are L7 (Caddy, Envoy, proxyless gRPC);
@@ -45,8 +49,8 @@ const (
 const (
 	BalanceLeastConn  = "weighted_least_conn"
 	BalanceRoundRobin = "weighted_round_robin"
-	BalanceMaglev     = "maglev"
-	BalanceRingHash   = "ring_hash"
+	BalanceMaglev     = chash.AlgorithmMaglev
+	BalanceRingHash   = chash.AlgorithmRingHash
 )
 
 // Application cookie modes.
@@ -73,25 +77,27 @@ const (
 	HealthICMP = "icmp"
 )
 
-// Defaults filled in by applyDefaults when a field is omitted.
+// Defaults filled in by applyDefaults when a field is omitted. Those every tier shares are
+// defined once, in the package that implements them (sessions, chash, health), and only
+// named here.
 const (
-	DefaultTTL                = 30 * time.Minute
-	DefaultMaxSessions        = 1 << 20
+	DefaultTTL                = sessions.DefaultTTL
+	DefaultMaxSessions        = sessions.DefaultMaxEntries
 	DefaultCookieName         = "lb_session"
 	DefaultCookiePath         = "/"
 	DefaultAppCookieMode      = AppCookiePrefix
 	DefaultWeight             = 1
-	DefaultTableSize          = 65537
-	DefaultMinRingSize        = 1024
-	DefaultMaxRingSize        = 4096
+	DefaultTableSize          = chash.DefaultMaglevTableSize
+	DefaultMinRingSize        = chash.DefaultMinRingSize
+	DefaultMaxRingSize        = chash.DefaultMaxRingSize
 	DefaultCIDLength          = 8
 	DefaultAggression         = 1.0
 	DefaultMinWeightPercent   = 10.0
-	DefaultHealthInterval     = 5 * time.Second
-	DefaultHealthTimeout      = 2 * time.Second
-	DefaultHealthPath         = "/"
-	DefaultHealthyThreshold   = 2
-	DefaultUnhealthyThreshold = 3
+	DefaultHealthInterval     = health.DefaultInterval
+	DefaultHealthTimeout      = health.DefaultTimeout
+	DefaultHealthPath         = health.DefaultPath
+	DefaultHealthyThreshold   = health.DefaultHealthyThreshold
+	DefaultUnhealthyThreshold = health.DefaultUnhealthyThreshold
 )
 
 // Limits checked by Parse.
@@ -105,9 +111,9 @@ const (
 	// MaxTableSize is Envoy's largest Maglev table.
 	MaxTableSize = 5000011
 	// MaxRingSize is Envoy's largest ring (8M entries).
-	MaxRingSize = 8 * 1024 * 1024
+	MaxRingSize = chash.MaxRingSize
 	// GRPCMaxRingSize is where grpc-go caps a ring by default.
-	GRPCMaxRingSize = 4096
+	GRPCMaxRingSize = chash.GRPCRingSizeCap
 	// MinCIDLength leaves room for the first byte and the 2-byte server id.
 	MinCIDLength = 3
 	// MaxCIDLength is QUIC v1's longest connection ID.

@@ -244,8 +244,9 @@ func (d *decoder) validateService(st *svcState) {
 		if hc.Protocol == HealthICMP && st.has("health_check.port") {
 			d.errorf(st.keyPos("health_check.port"), "health_check port does not apply to icmp checks")
 		}
-		if st.good("health_check.timeout") && st.good("health_check.interval") && hc.Timeout > hc.Interval {
-			d.errorf(st.pos("health_check.timeout"), "health_check timeout %s is longer than the interval %s", hc.Timeout, hc.Interval)
+		// The checker's rule: a probe ends before the next one of the same backend starts.
+		if st.good("health_check.timeout") && st.good("health_check.interval") && hc.Timeout >= hc.Interval {
+			d.errorf(st.pos("health_check.timeout"), "health_check timeout %s must be shorter than the interval %s", hc.Timeout, hc.Interval)
 		}
 	}
 

@@ -5,6 +5,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/health"
 )
 
 // The known fields of each mapping, in the order DESIGN.md lists them.
@@ -159,8 +162,10 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 		switch {
 		case !ok:
 			fail("balance")
-		case v == BalanceLeastConn || v == BalanceRoundRobin || v == BalanceMaglev || v == BalanceRingHash:
+		case v == BalanceLeastConn || v == BalanceRoundRobin:
 			s.Balance = v
+		case isHashName(v):
+			s.Balance, _ = chash.ParseAlgorithm(v)
 		default:
 			d.errorf(f.val, "balance %q: want weighted_least_conn, weighted_round_robin, maglev or ring_hash%s", v,
 				suggestValue(v, []string{BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash}))
@@ -566,8 +571,8 @@ func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
 		switch {
 		case !ok:
 			fail("interval")
-		case v < 1e9 || v > 300e9:
-			d.errorf(f.val, "health_check interval %s out of range 1s..5m", v)
+		case v < health.MinInterval || v > health.MaxInterval:
+			d.errorf(f.val, "health_check interval %s out of range %s..%s", v, health.MinInterval, health.MaxInterval)
 			fail("interval")
 		default:
 			hc.Interval = v
@@ -684,6 +689,13 @@ func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
 		}
 	}
 	return bs
+}
+
+// isHashName reports whether v names a consistent hash (chash.ParseAlgorithm: "ring" is
+// ring_hash).
+func isHashName(v string) bool {
+	_, ok := chash.ParseAlgorithm(v)
+	return ok
 }
 
 // suggestValue is suggest for enumerated values.

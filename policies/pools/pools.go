@@ -5,8 +5,8 @@
 // a yaml.Node tree and walked by hand, so that every mistake in a file is
 // reported in one pass, each with file:line:col, instead of the first one a
 // struct decoder trips over. Unknown fields, duplicate keys, wrong types and
-// out-of-range values are errors; see DESIGN.md "The pools file" for the
-// schema. Anchors, aliases and merge keys (<<) are honoured.
+// out-of-range values are errors; docs/pools.md is the reference of every
+// field. Anchors, aliases and merge keys (<<) are honoured.
 //
 // Defaults are applied in one place, applyDefaults; the Default* constants
 // name every value it fills in.

@@ -10,20 +10,39 @@ import (
 	"github.com/stickylb/stickylb/policies/health"
 )
 
-// The known fields of each mapping, in the order DESIGN.md lists them.
-var (
-	fileFields        = []string{"services"}
-	serviceFields     = []string{"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"}
-	affinityFields    = []string{"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"}
-	cookieFields      = []string{"name", "path"}
-	appCookieFields   = []string{"name", "mode"}
-	urlFields         = []string{"query", "path_segment", "suffix"}
-	headerFields      = []string{"name"}
-	quicFields        = []string{"cid_length"}
-	hashFields        = []string{"table_size", "min_ring_size", "max_ring_size", "bounded_load"}
-	slowStartFields   = []string{"window", "aggression", "min_weight_percent"}
-	healthCheckFields = []string{"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"}
-	backendFields     = []string{"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"}
+// schema is every mapping the decoder reads, by its path in the file ("" is the top
+// level), with the fields it accepts there. The decoder takes its lists from here and from
+// nowhere else, so this is the whole schema: docs/pools.md documents each path and field, and
+// a test holds the two together.
+var schema = map[string][]string{
+	pathFile:        {"services"},
+	pathService:     {"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"},
+	pathAffinity:    {"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"},
+	pathCookie:      {"name", "path"},
+	pathAppCookie:   {"name", "mode"},
+	pathURL:         {"query", "path_segment", "suffix"},
+	pathHeader:      {"name"},
+	pathQUICCID:     {"cid_length"},
+	pathHash:        {"table_size", "min_ring_size", "max_ring_size", "bounded_load"},
+	pathSlowStart:   {"window", "aggression", "min_weight_percent"},
+	pathHealthCheck: {"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"},
+	pathBackend:     {"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"},
+}
+
+// The paths of schema.
+const (
+	pathFile        = ""
+	pathService     = "services[]"
+	pathAffinity    = "services[].affinity"
+	pathCookie      = "services[].affinity.cookie"
+	pathAppCookie   = "services[].affinity.app_cookie"
+	pathURL         = "services[].affinity.url"
+	pathHeader      = "services[].affinity.header"
+	pathQUICCID     = "services[].affinity.quic_cid"
+	pathHash        = "services[].hash"
+	pathSlowStart   = "services[].slow_start"
+	pathHealthCheck = "services[].health_check"
+	pathBackend     = "services[].backends[]"
 )
 
 // svcState is a service being decoded: the value, and where each field came
@@ -73,7 +92,7 @@ func (d *decoder) decodeFile(root *yaml.Node) *File {
 		d.errorf(root, "empty pools file: want a mapping with services:")
 		return nil
 	}
-	fs, ok := d.fields(root, "the pools file", fileFields)
+	fs, ok := d.fields(root, "the pools file", schema[pathFile])
 	if !ok {
 		return nil
 	}
@@ -101,7 +120,7 @@ func (d *decoder) decodeFile(root *yaml.Node) *File {
 }
 
 func (d *decoder) decodeService(n *yaml.Node) *svcState {
-	fs, ok := d.fields(n, "service", serviceFields)
+	fs, ok := d.fields(n, "service", schema[pathService])
 	if !ok {
 		return nil
 	}
@@ -234,7 +253,7 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 }
 
 func (d *decoder) decodeAffinity(st *svcState, af field) {
-	fs, ok := d.fields(af.val, "affinity", affinityFields)
+	fs, ok := d.fields(af.val, "affinity", schema[pathAffinity])
 	if !ok {
 		st.bad["affinity"] = true
 		st.bad["affinity.mode"] = true
@@ -291,7 +310,7 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 	}
 	if f, ok := fs["cookie"]; ok {
 		c := &Cookie{}
-		if bfs, ok := d.fields(f.val, "cookie", cookieFields); ok {
+		if bfs, ok := d.fields(f.val, "cookie", schema[pathCookie]); ok {
 			if g, ok := bfs["name"]; ok {
 				if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
 					c.Name = v
@@ -310,7 +329,7 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 	}
 	if f, ok := fs["app_cookie"]; ok {
 		c := &AppCookie{}
-		if bfs, ok := d.fields(f.val, "app_cookie", appCookieFields); ok {
+		if bfs, ok := d.fields(f.val, "app_cookie", schema[pathAppCookie]); ok {
 			if g, ok := bfs["name"]; ok {
 				if v, ok := d.strWhere(g, validToken, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
 					c.Name = v
@@ -331,7 +350,7 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 	}
 	if f, ok := fs["url"]; ok {
 		u := &URLKey{}
-		if bfs, ok := d.fields(f.val, "url", urlFields); ok {
+		if bfs, ok := d.fields(f.val, "url", schema[pathURL]); ok {
 			var set []string
 			if g, ok := bfs["query"]; ok {
 				set = append(set, "query")
@@ -375,7 +394,7 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 	}
 	if f, ok := fs["header"]; ok {
 		h := &HeaderKey{}
-		if bfs, ok := d.fields(f.val, "header", headerFields); ok {
+		if bfs, ok := d.fields(f.val, "header", schema[pathHeader]); ok {
 			if g, ok := bfs["name"]; ok {
 				if v, ok := d.strWhere(g, validToken, "header name %q: want an HTTP header name such as x-session"); ok {
 					h.Name = v
@@ -388,7 +407,7 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 	}
 	if f, ok := fs["quic_cid"]; ok {
 		q := &QUICCID{}
-		if bfs, ok := d.fields(f.val, "quic_cid", quicFields); ok {
+		if bfs, ok := d.fields(f.val, "quic_cid", schema[pathQUICCID]); ok {
 			if g, ok := bfs["cid_length"]; ok {
 				if v, ok := d.integer(g); ok {
 					if v >= MinCIDLength && v <= MaxCIDLength {
@@ -404,7 +423,7 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 }
 
 func (d *decoder) decodeHash(st *svcState, hf field) {
-	fs, ok := d.fields(hf.val, "hash", hashFields)
+	fs, ok := d.fields(hf.val, "hash", schema[pathHash])
 	if !ok {
 		st.bad["hash"] = true
 		return
@@ -462,7 +481,7 @@ func (d *decoder) decodeHash(st *svcState, hf field) {
 }
 
 func (d *decoder) decodeSlowStart(st *svcState, sf field) {
-	fs, ok := d.fields(sf.val, "slow_start", slowStartFields)
+	fs, ok := d.fields(sf.val, "slow_start", schema[pathSlowStart])
 	if !ok {
 		st.bad["slow_start"] = true
 		return
@@ -504,7 +523,7 @@ func (d *decoder) decodeSlowStart(st *svcState, sf field) {
 }
 
 func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
-	fs, ok := d.fields(hf.val, "health_check", healthCheckFields)
+	fs, ok := d.fields(hf.val, "health_check", schema[pathHealthCheck])
 	if !ok {
 		st.bad["health_check"] = true
 		return
@@ -609,7 +628,7 @@ func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
 }
 
 func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
-	fs, ok := d.fields(n, "backend", backendFields)
+	fs, ok := d.fields(n, "backend", schema[pathBackend])
 	if !ok {
 		return nil
 	}

@@ -13,10 +13,10 @@
 package pools
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/stickylb/stickylb/policies/chash"
@@ -135,6 +135,8 @@ type File struct {
 	// expects (for example gRPC clients ignoring endpoint weights). They never
 	// make Parse fail.
 	Warnings ErrorList
+	// digest is the SHA-256 of the bytes parsed, so a Watcher knows this content.
+	digest [sha256.Size]byte
 }
 
 // Service is one entry of services:.
@@ -322,16 +324,13 @@ func (f *File) Service(name string) *Service {
 	return nil
 }
 
-// Load reads and parses the pools file at path. A non-nil error is always an
-// ErrorList; an unreadable file gives one entry that wraps the I/O error.
+// Load reads (ReadFile: at most MaxFileSize bytes) and parses the pools file at path. A
+// non-nil error is always an ErrorList; an unreadable file gives one entry that wraps the
+// I/O error.
 func Load(path string) (*File, error) {
-	st, err := os.Stat(path)
-	if err == nil && st.Size() > MaxFileSize {
-		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is %d bytes; the limit is %d", st.Size(), MaxFileSize)}}
-	}
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
-		return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
+		return nil, err
 	}
 	return Parse(path, data)
 }
@@ -350,5 +349,6 @@ func Parse(filename string, data []byte) (*File, error) {
 	}
 	f.Filename = filename
 	f.Warnings = d.warns.normalize()
+	f.digest = sha256.Sum256(data)
 	return f, nil
 }

@@ -33,7 +33,20 @@ package pools
 // Blocks that do not match the mode (a cookie block under mode url) are left
 // as written so that the rules can reject them.
 func applyDefaults(s *Service, given func(path string) bool) {
-	a := &s.Affinity
+	defaultAffinity(&s.Affinity)
+	defaultBalance(s)
+	defaultProbes(s, given)
+	if !given("cross_zone") {
+		s.CrossZone = true
+	}
+	for _, b := range s.Backends {
+		if b.Weight == 0 {
+			b.Weight = DefaultWeight
+		}
+	}
+}
+
+func defaultAffinity(a *Affinity) {
 	if a.Mode == "" {
 		a.Mode = ModeNone
 	}
@@ -67,7 +80,11 @@ func applyDefaults(s *Service, given func(path string) bool) {
 			a.QUICCID.CIDLength = DefaultCIDLength
 		}
 	}
+}
 
+// defaultBalance picks the balance and the hash sizes.
+func defaultBalance(s *Service) {
+	a := &s.Affinity
 	if s.Balance == "" {
 		switch {
 		case s.VIP != "":
@@ -90,7 +107,10 @@ func applyDefaults(s *Service, given func(path string) bool) {
 			h.MaxRingSize = DefaultMaxRingSize
 		}
 	}
+}
 
+// defaultProbes fills in slow start and health checking, when the service has them.
+func defaultProbes(s *Service, given func(path string) bool) {
 	if ss := s.SlowStart; ss != nil {
 		if ss.Aggression == 0 {
 			ss.Aggression = DefaultAggression
@@ -115,14 +135,5 @@ func applyDefaults(s *Service, given func(path string) bool) {
 		c := hc.CheckerConfig().WithDefaults()
 		hc.Path, hc.Interval, hc.Timeout = c.Path, c.Interval, c.Timeout
 		hc.HealthyThreshold, hc.UnhealthyThreshold = c.HealthyThreshold, c.UnhealthyThreshold
-	}
-
-	if !given("cross_zone") {
-		s.CrossZone = true
-	}
-	for _, b := range s.Backends {
-		if b.Weight == 0 {
-			b.Weight = DefaultWeight
-		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/stickylb/stickylb/policies/chash"
 )
 
 // Caddyfile syntax of the selection policies, used as `lb_policy <name> ...` inside
@@ -118,7 +120,7 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 	case "hash":
 		var v string
 		if v, err = oneArg(d); err == nil {
-			if v != hashMaglev && v != hashRing {
+			if _, ok := chash.ParseAlgorithm(v); !ok {
 				return true, d.Errf("hash: %q: want %s or %s", v, hashMaglev, hashRing)
 			}
 			o.Hash = v

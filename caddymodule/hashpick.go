@@ -11,10 +11,11 @@ import (
 	"github.com/stickylb/stickylb/policies/chash"
 )
 
-// Hash algorithms a keyed policy can use; the names are the pools file's.
+// Hash algorithms a keyed policy can use; the names are the pools file's ("ring" is
+// accepted too: chash.ParseAlgorithm).
 const (
-	hashMaglev = "maglev"
-	hashRing   = "ring"
+	hashMaglev = chash.AlgorithmMaglev
+	hashRing   = chash.AlgorithmRingHash
 )
 
 // revalidateEvery bounds how long a cached hash table may lag behind a change in the set of
@@ -45,6 +46,9 @@ type hashSnap struct {
 }
 
 func newHashPicker(algo string, tableSize, minRing, maxRing uint64) (*hashPicker, error) {
+	if c, ok := chash.ParseAlgorithm(algo); ok {
+		algo = c
+	}
 	switch algo {
 	case "", hashMaglev:
 		algo = hashMaglev
@@ -59,7 +63,7 @@ func newHashPicker(algo string, tableSize, minRing, maxRing uint64) (*hashPicker
 			minRing = chash.DefaultMinRingSize
 		}
 		if maxRing == 0 {
-			maxRing = chash.GRPCRingSizeCap
+			maxRing = chash.DefaultMaxRingSize
 		}
 		if minRing > maxRing {
 			return nil, fmt.Errorf("min ring size %d is above max ring size %d", minRing, maxRing)

@@ -17,8 +17,8 @@ import (
 
 // Defaults of the keyed policies' session tables.
 const (
-	defaultTableTTL    = 30 * time.Minute
-	defaultMaxSessions = 100_000
+	defaultTableTTL    = sessions.DefaultTTL
+	defaultMaxSessions = sessions.DefaultMaxEntries
 )
 
 // KeyedOptions are the options every keyed policy (sticky_url, sticky_header, sticky_ip,

@@ -9,7 +9,7 @@ import (
 )
 
 // identity is how stickylb names an upstream in cookies, tables and hashes: its dial
-// address as written in the config (DESIGN.md: the backend identity).
+// address as written in the config (docs/pools.md: a backend's identity).
 func identity(u *reverseproxy.Upstream) string { return u.Dial }
 
 // upstreamIndex finds an upstream by identity in O(1). Select receives the pool on every

@@ -96,7 +96,7 @@ func newTopo(t *testing.T) *topo {
 		}
 	}
 	// The client reaches the VIP through the LB; frames it sends carry partial checksums,
-	// which an XDP forwarder passes on unfilled (DESIGN.md): TX checksum offload off.
+	// which an XDP forwarder passes on unfilled (docs/xdp.md): TX checksum offload off.
 	tp.in("cl", "ip", "route", "add", vip4+"/32", "via", hosts["lb"].v4)
 	tp.in("cl", "ip", "-6", "route", "add", vip6+"/128", "via", hosts["lb"].v6)
 	tp.in("cl", "ethtool", "-K", "eth0", "tx", "off")

@@ -404,7 +404,7 @@ func frag6(t testing.TB, src netip.Addr, offset uint16, more bool, payload []byt
 
 // IPv6 fragments, the first too, go by (src, dst, proto) among the VIP address's backends,
 // although the TCP VIP on that address hashes the source only: its unfragmented packets
-// could go elsewhere, as for IPv4 (DESIGN.md).
+// could go elsewhere, as for IPv4 (docs/xdp.md).
 func TestFixtureIPv6Fragments(t *testing.T) {
 	fx := setup(t)
 	// A client whose fragments hash elsewhere than its source address does.

@@ -65,7 +65,7 @@ type Loader struct {
 	// restarted loader. Until a (re)started checker has a verdict of its own, this one holds:
 	// a dead backend does not get new flows back for a restart or a pools-file edit.
 	lastDown map[string]bool
-	health   *pools.HealthMonitor // one checker per VIP service with a health_check
+	health   *health.Monitor // one checker per VIP service with a health_check
 }
 
 func (c Config) pinDir() string {
@@ -85,7 +85,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	}
 	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
 		lastDown: map[string]bool{}}
-	l.health = pools.NewHealthMonitor(l.onTransition, cfg.HealthOptions...)
+	l.health = health.NewMonitor(l.onTransition, cfg.HealthOptions...)
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
 	}
@@ -262,7 +262,7 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 		return err
 	}
 	l.file = f
-	if err := l.health.Apply(ctx, vipServices(f)); err != nil {
+	if err := l.health.Apply(ctx, pools.HealthServices(vipServices(f))); err != nil {
 		return fmt.Errorf("health checks: %w", err)
 	}
 	return nil
@@ -513,7 +513,7 @@ func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend)
 		delete(l.lastDown, key)
 		return false
 	}
-	st := l.health.View(s.Name, b) // Unknown before the first Apply has started the checker
+	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
 	if st == health.Unknown {
 		return l.lastDown[key]
 	}

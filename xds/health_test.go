@@ -16,7 +16,7 @@ import (
 )
 
 // startMonitored serves src with the fleet health checker wired in, as `stickylb xds` does.
-func startMonitored(t *testing.T, src string) (*Server, *pools.HealthMonitor, string) {
+func startMonitored(t *testing.T, src string) (*Server, *health.Monitor, string) {
 	t.Helper()
 	f, err := pools.Parse("zones.yaml", []byte(src))
 	if err != nil {
@@ -25,13 +25,13 @@ func startMonitored(t *testing.T, src string) (*Server, *pools.HealthMonitor, st
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	var s *Server
-	mon := pools.NewHealthMonitor(func(string, health.Transition) {
+	mon := health.NewMonitor(func(string, health.Transition) {
 		s.Stats.HealthTransitions.Add(1)
 		_ = s.Refresh()
 	})
 	t.Cleanup(mon.Stop)
-	s = NewServer(ctx, f, mon.View, zaptest.NewLogger(t))
-	if err := mon.Apply(ctx, f.Services); err != nil {
+	s = NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) }, zaptest.NewLogger(t))
+	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
@@ -83,7 +83,7 @@ func TestCrossZoneOffHealthAndZoneShift(t *testing.T) {
 	waitHealthy := func(want health.State, idx ...int) {
 		eventually(t, 5*time.Second, "health verdicts", func() (bool, string) {
 			for _, i := range idx {
-				if st := mon.View("api", s.currentFile().Services[0].Backends[i]); st != want {
+				if st := mon.View("api", s.currentFile().Services[0].Backends[i].Identity()); st != want {
 					return false, fmt.Sprintf("backend %d: %v", i, st)
 				}
 			}

@@ -240,7 +240,6 @@ func (s *Server) Update(f *pools.File) error {
 		if !ok {
 			var err error
 			if snap, err = s.build(f, ns.node, strconv.Itoa(next)); err != nil {
-				s.Stats.ReloadErrors.Add(1)
 				return fmt.Errorf("pools file not applied: %w", err)
 			}
 			byZone[ns.node.Zone] = snap

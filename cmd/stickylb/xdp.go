@@ -96,29 +96,10 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
 	fmt.Fprintln(stdout, "ready")
-	last, _ := os.ReadFile(*poolsPath)
-	t := time.NewTicker(*poll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return 0
-		case <-t.C:
-		}
-		data, err := os.ReadFile(*poolsPath)
-		if err != nil || string(data) == string(last) {
-			continue
-		}
-		last = data
-		nf, err := pools.Parse(*poolsPath, data)
-		if err != nil {
-			log.Error("invalid pools file edit; the last good config keeps forwarding", zap.String("error", err.Error()))
-			continue
-		}
-		if err := l.Apply(ctx, nf); err != nil {
-			log.Error("pools file edit not applied", zap.Error(err))
-		}
-	}
+	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log,
+		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
+	w.Run(ctx)
+	return 0
 }
 
 // xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the

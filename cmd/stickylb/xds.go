@@ -78,7 +78,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	}
 	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	var s *xds.Server
-	mon := pools.NewHealthMonitor(func(service string, tr health.Transition) {
+	mon := health.NewMonitor(func(service string, tr health.Transition) {
 		log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
 			zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
 		s.Stats.HealthTransitions.Add(1)
@@ -87,8 +87,8 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	defer mon.Stop()
-	s = xds.NewServer(ctx, f, mon.View, log)
-	if err := mon.Apply(ctx, f.Services); err != nil {
+	s = xds.NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) }, log)
+	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return 1
 	}
@@ -114,7 +114,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		defer hs.Close()
 	}
 	go xds.Watch(ctx, o.pools, o.poll, s, log, func(nf *pools.File) {
-		if err := mon.Apply(ctx, nf.Services); err != nil {
+		if err := mon.Apply(ctx, pools.HealthServices(nf.Services)); err != nil {
 			log.Error("retargeting health checks", zap.Error(err))
 		}
 	})

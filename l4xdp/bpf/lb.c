@@ -659,7 +659,7 @@ int redirect_floor_xdp(struct xdp_md *ctx)
 }
 
 /* An XDP_PASS program for the peers of test veths: XDP_TX out of a veth delivers only when
- * its peer runs an XDP program (DESIGN.md). */
+ * its peer runs an XDP program (docs/xdp.md). */
 SEC("xdp")
 int pass_xdp(struct xdp_md *ctx)
 {

@@ -184,3 +184,26 @@ func powMod(b, e, m uint64) uint64 {
 	}
 	return r
 }
+
+// Hash algorithm names, as the pools file, the Caddyfile and Caddy's JSON config write them.
+const (
+	// AlgorithmMaglev is Envoy's MAGLEV (gRPC falls back to the ring).
+	AlgorithmMaglev = "maglev"
+	// AlgorithmRingHash is the ring hash Caddy, Envoy and gRPC share; the canonical name is
+	// Envoy's and gRPC's.
+	AlgorithmRingHash = "ring_hash"
+)
+
+// ParseAlgorithm returns the canonical name of a hash algorithm: [AlgorithmMaglev] for
+// "maglev", [AlgorithmRingHash] for "ring_hash" and for "ring" (the short name the Caddyfile
+// used first). ok is false for any other name. Every tier parses names here, so the two
+// spellings of the ring are one ring everywhere.
+func ParseAlgorithm(name string) (canonical string, ok bool) {
+	switch name {
+	case AlgorithmMaglev:
+		return AlgorithmMaglev, true
+	case AlgorithmRingHash, "ring":
+		return AlgorithmRingHash, true
+	}
+	return "", false
+}

@@ -75,7 +75,7 @@ func comparePeers() []comparePeer {
 			return func(k string) string { return ids[m.Pick(KeyHash(k))] }
 		}},
 		{"ours/ring", func(ids []string) lookupFunc {
-			r := mustPicker(NewRing(hostsOf(ids), uint64(compareVNodes*len(ids)), DefaultMaxRingSize))
+			r := mustPicker(NewRing(hostsOf(ids), uint64(compareVNodes*len(ids)), MaxRingSize))
 			return func(k string) string { return ids[r.Pick(KeyHash(k))] }
 		}},
 		{"ours/ring-4096", func(ids []string) lookupFunc {
@@ -200,7 +200,7 @@ func BenchmarkCompare(b *testing.B) {
 func BenchmarkPick(b *testing.B) {
 	hosts := hostsOf(compareIDs(compareHosts))
 	m := mustPicker(NewMaglev(hosts, DefaultMaglevTableSize))
-	r := mustPicker(NewRing(hosts, compareVNodes*compareHosts, DefaultMaxRingSize))
+	r := mustPicker(NewRing(hosts, compareVNodes*compareHosts, MaxRingSize))
 	r4 := mustPicker(NewRing(hosts, GRPCRingSizeCap, GRPCRingSizeCap))
 	mod := NewModN(hosts)
 	rng := rand.New(rand.NewPCG(4, 5))

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The seeds' figures (consistent hashing chapter): going from 3 to 4 backends, mod-N moves
+// The textbook figures of consistent hashing: going from 3 to 4 backends, mod-N moves
 // about n/(n+1) = 75% of keys and a consistent hash about 1/(n+1) = 25%, the ideal. Every
 // figure is measured over the same 200,000 fixed keys; bounds are derived in each test.
 
@@ -48,7 +48,7 @@ func TestDisruptionModN3To4(t *testing.T) {
 	t.Logf("mod-N 3->4: moved %.2f%% (ideal 25%%)", 100*got)
 }
 
-// Ring with a fixed number of points per backend (min_ring_size = 300 x backends; the seeds'
+// Ring with a fixed number of points per backend (min_ring_size = 300 x backends; the usual
 // "virtual nodes per backend" is ring size / backends): adding a host adds its points and
 // removes none, so exactly the keys on the new host's arcs move. That share is a sum of 300
 // of the 1200 arcs between uniformly random points: Beta(300, 900), mean 1/4, relative
@@ -57,11 +57,11 @@ func TestDisruptionModN3To4(t *testing.T) {
 func TestDisruptionRing3To4FixedPointsPerHost(t *testing.T) {
 	keys := fixedKeyHashes()
 	h3, h4 := equalHosts(3), equalHosts(4)
-	r3, err := NewRing(h3, 300*3, DefaultMaxRingSize)
+	r3, err := NewRing(h3, 300*3, MaxRingSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r4, err := NewRing(h4, 300*4, DefaultMaxRingSize)
+	r4, err := NewRing(h4, 300*4, MaxRingSize)
 	if err != nil {
 		t.Fatal(err)
 	}

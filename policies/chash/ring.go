@@ -11,18 +11,21 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// Ring-size bounds, as Envoy and gRPC define them.
+// Ring-size bounds, as Envoy and gRPC define them, and the defaults every stickylb tier
+// (Caddy, the pools file, and so Envoy and gRPC through xDS) uses when none is configured.
 const (
 	// DefaultMinRingSize is Envoy's and gRPC's default minimum_ring_size.
 	DefaultMinRingSize = 1024
-	// DefaultMaxRingSize is Envoy's default maximum_ring_size (8M entries).
-	DefaultMaxRingSize = 8 * 1024 * 1024
-	// MaxRingSize is the largest ring size either accepts; larger values are rejected.
-	MaxRingSize = 8 * 1024 * 1024
 	// GRPCRingSizeCap is grpc-go's default cap (env GRPC_RING_HASH_CAP): gRPC clamps both
 	// bounds to it, so a fleet mixing gRPC clients with Envoy agrees only when the sizes
 	// served stay at or below it.
 	GRPCRingSizeCap = 4096
+	// DefaultMaxRingSize is stickylb's default maximum_ring_size for every tier: gRPC's cap,
+	// not Envoy's 8M, so that Caddy, Envoy and gRPC nodes given no sizes build the same ring.
+	DefaultMaxRingSize = GRPCRingSizeCap
+	// MaxRingSize is the largest ring size Envoy accepts (its default maximum, 8M
+	// entries); larger values are rejected.
+	MaxRingSize = 8 * 1024 * 1024
 )
 
 // Ring is Envoy's and gRPC's ring hash ("ketama"): each host owns points on a 64-bit circle
@@ -55,8 +58,8 @@ type ringVariant struct {
 //
 // minSize and maxSize are Envoy's minimum_ring_size and maximum_ring_size: both in
 // 1..[MaxRingSize] and minSize <= maxSize (Envoy's error otherwise). There is no implicit
-// default; pass [DefaultMinRingSize] and [DefaultMaxRingSize] for Envoy's. For gRPC clients
-// keep both at or below [GRPCRingSizeCap].
+// default; pass [DefaultMinRingSize] and [DefaultMaxRingSize] for stickylb's (Envoy's own
+// default maximum is [MaxRingSize]). For gRPC clients keep both at or below [GRPCRingSizeCap].
 //
 // The build, step by step as Envoy does it:
 //

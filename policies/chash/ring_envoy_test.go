@@ -40,7 +40,7 @@ func ringGoldens() []ringGolden {
 	return []ringGolden{
 		{
 			// Basic (and BasicWithRetryHostPredicate, the same ring).
-			name: "Basic", hosts: six, min: 12, max: DefaultMaxRingSize, size: 12, minPer: 2, maxPer: 2,
+			name: "Basic", hosts: six, min: 12, max: MaxRingSize, size: 12, minPer: 2, maxPer: 2,
 			points: []ringPoint{
 				{833437586790550860, 4}, {928266305478181108, 2}, {1033482794131418490, 0},
 				{3551244743356806947, 5}, {3851675632748031481, 3}, {5583722120771150861, 1},
@@ -54,7 +54,7 @@ func ringGoldens() []ringGolden {
 		},
 		{
 			// BasicWithHostname, BasicWithMetadataHashKey, BasicWithDoundedLoad.
-			name: "BasicWithHostname", hosts: ports("%d", 90, 95, 1), min: 12, max: DefaultMaxRingSize,
+			name: "BasicWithHostname", hosts: ports("%d", 90, 95, 1), min: 12, max: MaxRingSize,
 			size: 12, minPer: 2, maxPer: 2,
 			points: []ringPoint{
 				{1975508444536362413, 5}, {2376063919839173711, 5}, {2386806903309390596, 3},
@@ -66,7 +66,7 @@ func ringGoldens() []ringGolden {
 		},
 		{
 			// UnevenHosts, first host set: 2 hosts, minimum 3 -> 2 hashes each, ring of 4.
-			name: "UnevenHosts", hosts: ports("127.0.0.1:%d", 80, 81, 1), min: 3, max: DefaultMaxRingSize,
+			name: "UnevenHosts", hosts: ports("127.0.0.1:%d", 80, 81, 1), min: 3, max: MaxRingSize,
 			size: 4, minPer: 2, maxPer: 2,
 			points: []ringPoint{
 				{5454692015285649509, 0}, {7859399908942313493, 1},
@@ -76,7 +76,7 @@ func ringGoldens() []ringGolden {
 		},
 		{
 			// UnevenHosts, second host set: :81 keeps its points when :80 leaves.
-			name: "UnevenHostsReplaced", hosts: ports("127.0.0.1:%d", 81, 82, 1), min: 3, max: DefaultMaxRingSize,
+			name: "UnevenHostsReplaced", hosts: ports("127.0.0.1:%d", 81, 82, 1), min: 3, max: MaxRingSize,
 			size: 4, minPer: 2, maxPer: 2,
 			points: []ringPoint{
 				{7859399908942313493, 0}, {8241336090459785962, 1},
@@ -103,7 +103,7 @@ func ringGoldens() []ringGolden {
 			hosts: []Host{
 				{ID: "127.0.0.1:90", Weight: 1}, {ID: "127.0.0.1:91", Weight: 2}, {ID: "127.0.0.1:92", Weight: 3},
 			},
-			min: 6144, max: DefaultMaxRingSize, size: 6144, minPer: 1024, maxPer: 3072,
+			min: 6144, max: MaxRingSize, size: 6144, minPer: 1024, maxPer: 3072,
 			spread: &ringSpreadGolden{n: 6000, counts: []int{987, 1932, 3081}},
 		},
 		{
@@ -122,7 +122,7 @@ func ringGoldens() []ringGolden {
 		{
 			// HostAndLocalityWeightedLargeRing.
 			name: "HostAndLocalityWeightedLargeRing", hosts: weightedHosts(90, 1, 2, 2, 4),
-			min: 9216, max: DefaultMaxRingSize, size: 9216, minPer: 1024, maxPer: 4096,
+			min: 9216, max: MaxRingSize, size: 9216, minPer: 1024, maxPer: 4096,
 			spread: &ringSpreadGolden{n: 9000, counts: []int{924, 2009, 2053, 4014}},
 		},
 		{

@@ -85,7 +85,7 @@ func Reason(err error) string {
 
 // Payload is what a sealed cookie carries.
 type Payload struct {
-	Backend string    // backend identity (DESIGN.md: hash_key, else the address)
+	Backend string    // backend identity (docs/pools.md: hash_key, else the address)
 	Issued  time.Time // when the value was sealed
 	Expires time.Time // after this Open fails with ErrExpired
 }

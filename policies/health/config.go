@@ -21,8 +21,10 @@ const (
 	ICMP Protocol = "icmp"
 )
 
-// Limits and defaults. MinInterval and MaxInterval are the range the ELB
-// documents (1 s - 300 s); the defaults are the example in DESIGN.md.
+// Limits and defaults, for every tier that probes (the pools file's health_check fills its
+// omitted fields from these through WithDefaults). MinInterval and MaxInterval are the
+// range AWS's ELB documents (1 s - 300 s); the defaults are its usual settings, with
+// DefaultTimeout halved for intervals under 4 s (see WithDefaults).
 const (
 	MinInterval               = time.Second
 	MaxInterval               = 300 * time.Second

@@ -31,7 +31,7 @@
 //
 //   - a Healthy target that fails at time f and stays failed is reported
 //     Unhealthy by f + UnhealthyThreshold × Interval + Timeout (the bound in
-//     DESIGN.md), and a recovered one Healthy by
+//     docs/pools.md), and a recovered one Healthy by
 //     f + HealthyThreshold × Interval + Timeout;
 //   - a new target leaves Unknown by D + Timeout after it was added.
 //

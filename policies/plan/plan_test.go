@@ -27,7 +27,7 @@ func file(t testing.TB, balance string, n int, extra string) *pools.File {
 // sigma4 is four binomial standard deviations of a share p measured over n keys.
 func sigma4(p float64, n int) float64 { return 4 * math.Sqrt(p*(1-p)/float64(n)) }
 
-// TestAddOneOfFour is the seeds' comparison: going from 3 to 4 backends should move 1/4 of
+// TestAddOneOfFour is the textbook comparison: going from 3 to 4 backends should move 1/4 of
 // the keys with Maglev or the ring, 3/4 with mod N.
 func TestAddOneOfFour(t *testing.T) {
 	for _, bal := range []string{pools.BalanceMaglev, pools.BalanceRingHash} {
@@ -45,7 +45,7 @@ func TestAddOneOfFour(t *testing.T) {
 		}
 		// Maglev moves a little more than ideal (table disruption: measured 0.2511); a ring
 		// of 1024 entries places hosts unevenly, so it moves more (measured 0.356 on these
-		// fixed keys; the seeds report 0.34 for their ring).
+		// fixed keys; a textbook ring of this size moves about 0.34).
 		if r.Moved < 0.25-sigma4(0.25, r.Keys) || r.Moved > 0.40 || bal == pools.BalanceMaglev && r.Moved > 0.27 {
 			t.Errorf("%s: moved %v, want about 0.25", bal, r.Moved)
 		}

@@ -8,7 +8,7 @@ package pools
 //
 //	affinity                   mode none when the block is omitted
 //	affinity.ttl               30m (DefaultTTL)
-//	affinity.max_sessions      1048576 (DefaultMaxSessions)
+//	affinity.max_sessions      100000 (DefaultMaxSessions)
 //	affinity.cookie            mode cookie: name lb_session, path /
 //	affinity.app_cookie.mode   prefix
 //	affinity.quic_cid          mode quic_cid: cid_length 8
@@ -24,15 +24,29 @@ package pools
 //	health_check.protocol      http for http services, icmp for udp, tcp
 //	                           otherwise
 //	health_check.path          / (http checks only)
-//	health_check.interval      5s, timeout 2s, healthy_threshold 2,
-//	                           unhealthy_threshold 3
+//	health_check.interval      5s, timeout min(2s, interval/2),
+//	                           healthy_threshold 2, unhealthy_threshold 3
+//	                           (health.Config.WithDefaults: the checker's own)
 //	cross_zone                 true
 //	backend weight             1
 //
 // Blocks that do not match the mode (a cookie block under mode url) are left
 // as written so that the rules can reject them.
 func applyDefaults(s *Service, given func(path string) bool) {
-	a := &s.Affinity
+	defaultAffinity(&s.Affinity)
+	defaultBalance(s)
+	defaultProbes(s, given)
+	if !given("cross_zone") {
+		s.CrossZone = true
+	}
+	for _, b := range s.Backends {
+		if b.Weight == 0 {
+			b.Weight = DefaultWeight
+		}
+	}
+}
+
+func defaultAffinity(a *Affinity) {
 	if a.Mode == "" {
 		a.Mode = ModeNone
 	}
@@ -66,7 +80,11 @@ func applyDefaults(s *Service, given func(path string) bool) {
 			a.QUICCID.CIDLength = DefaultCIDLength
 		}
 	}
+}
 
+// defaultBalance picks the balance and the hash sizes.
+func defaultBalance(s *Service) {
+	a := &s.Affinity
 	if s.Balance == "" {
 		switch {
 		case s.VIP != "":
@@ -89,7 +107,10 @@ func applyDefaults(s *Service, given func(path string) bool) {
 			h.MaxRingSize = DefaultMaxRingSize
 		}
 	}
+}
 
+// defaultProbes fills in slow start and health checking, when the service has them.
+func defaultProbes(s *Service, given func(path string) bool) {
 	if ss := s.SlowStart; ss != nil {
 		if ss.Aggression == 0 {
 			ss.Aggression = DefaultAggression
@@ -110,29 +131,9 @@ func applyDefaults(s *Service, given func(path string) bool) {
 				hc.Protocol = HealthTCP
 			}
 		}
-		if hc.Protocol == HealthHTTP && hc.Path == "" {
-			hc.Path = DefaultHealthPath
-		}
-		if hc.Interval == 0 {
-			hc.Interval = DefaultHealthInterval
-		}
-		if hc.Timeout == 0 {
-			hc.Timeout = DefaultHealthTimeout
-		}
-		if hc.HealthyThreshold == 0 {
-			hc.HealthyThreshold = DefaultHealthyThreshold
-		}
-		if hc.UnhealthyThreshold == 0 {
-			hc.UnhealthyThreshold = DefaultUnhealthyThreshold
-		}
-	}
-
-	if !given("cross_zone") {
-		s.CrossZone = true
-	}
-	for _, b := range s.Backends {
-		if b.Weight == 0 {
-			b.Weight = DefaultWeight
-		}
+		// The checker's defaults, so what validate accepts is what the checker runs.
+		c := hc.CheckerConfig().WithDefaults()
+		hc.Path, hc.Interval, hc.Timeout = c.Path, c.Interval, c.Timeout
+		hc.HealthyThreshold, hc.UnhealthyThreshold = c.HealthyThreshold, c.UnhealthyThreshold
 	}
 }

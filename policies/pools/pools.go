@@ -5,19 +5,23 @@
 // a yaml.Node tree and walked by hand, so that every mistake in a file is
 // reported in one pass, each with file:line:col, instead of the first one a
 // struct decoder trips over. Unknown fields, duplicate keys, wrong types and
-// out-of-range values are errors; see DESIGN.md "The pools file" for the
-// schema. Anchors, aliases and merge keys (<<) are honoured.
+// out-of-range values are errors; docs/pools.md is the reference of every
+// field. Anchors, aliases and merge keys (<<) are honoured.
 //
 // Defaults are applied in one place, applyDefaults; the Default* constants
 // name every value it fills in.
 package pools
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"time"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/sessions"
 )
 
 // Service protocols. http and grpc are L7 (Caddy, Envoy, proxyless gRPC);
@@ -45,8 +49,8 @@ const (
 const (
 	BalanceLeastConn  = "weighted_least_conn"
 	BalanceRoundRobin = "weighted_round_robin"
-	BalanceMaglev     = "maglev"
-	BalanceRingHash   = "ring_hash"
+	BalanceMaglev     = chash.AlgorithmMaglev
+	BalanceRingHash   = chash.AlgorithmRingHash
 )
 
 // Application cookie modes.
@@ -73,25 +77,27 @@ const (
 	HealthICMP = "icmp"
 )
 
-// Defaults filled in by applyDefaults when a field is omitted.
+// Defaults filled in by applyDefaults when a field is omitted. Those every tier shares are
+// defined once, in the package that implements them (sessions, chash, health), and only
+// named here.
 const (
-	DefaultTTL                = 30 * time.Minute
-	DefaultMaxSessions        = 1 << 20
+	DefaultTTL                = sessions.DefaultTTL
+	DefaultMaxSessions        = sessions.DefaultMaxEntries
 	DefaultCookieName         = "lb_session"
 	DefaultCookiePath         = "/"
 	DefaultAppCookieMode      = AppCookiePrefix
 	DefaultWeight             = 1
-	DefaultTableSize          = 65537
-	DefaultMinRingSize        = 1024
-	DefaultMaxRingSize        = 4096
+	DefaultTableSize          = chash.DefaultMaglevTableSize
+	DefaultMinRingSize        = chash.DefaultMinRingSize
+	DefaultMaxRingSize        = chash.DefaultMaxRingSize
 	DefaultCIDLength          = 8
 	DefaultAggression         = 1.0
 	DefaultMinWeightPercent   = 10.0
-	DefaultHealthInterval     = 5 * time.Second
-	DefaultHealthTimeout      = 2 * time.Second
-	DefaultHealthPath         = "/"
-	DefaultHealthyThreshold   = 2
-	DefaultUnhealthyThreshold = 3
+	DefaultHealthInterval     = health.DefaultInterval
+	DefaultHealthTimeout      = health.DefaultTimeout
+	DefaultHealthPath         = health.DefaultPath
+	DefaultHealthyThreshold   = health.DefaultHealthyThreshold
+	DefaultUnhealthyThreshold = health.DefaultUnhealthyThreshold
 )
 
 // Limits checked by Parse.
@@ -105,9 +111,9 @@ const (
 	// MaxTableSize is Envoy's largest Maglev table.
 	MaxTableSize = 5000011
 	// MaxRingSize is Envoy's largest ring (8M entries).
-	MaxRingSize = 8 * 1024 * 1024
+	MaxRingSize = chash.MaxRingSize
 	// GRPCMaxRingSize is where grpc-go caps a ring by default.
-	GRPCMaxRingSize = 4096
+	GRPCMaxRingSize = chash.GRPCRingSizeCap
 	// MinCIDLength leaves room for the first byte and the 2-byte server id.
 	MinCIDLength = 3
 	// MaxCIDLength is QUIC v1's longest connection ID.
@@ -129,6 +135,8 @@ type File struct {
 	// expects (for example gRPC clients ignoring endpoint weights). They never
 	// make Parse fail.
 	Warnings ErrorList
+	// digest is the SHA-256 of the bytes parsed, so a Watcher knows this content.
+	digest [sha256.Size]byte
 }
 
 // Service is one entry of services:.
@@ -316,16 +324,13 @@ func (f *File) Service(name string) *Service {
 	return nil
 }
 
-// Load reads and parses the pools file at path. A non-nil error is always an
-// ErrorList; an unreadable file gives one entry that wraps the I/O error.
+// Load reads (ReadFile: at most MaxFileSize bytes) and parses the pools file at path. A
+// non-nil error is always an ErrorList; an unreadable file gives one entry that wraps the
+// I/O error.
 func Load(path string) (*File, error) {
-	st, err := os.Stat(path)
-	if err == nil && st.Size() > MaxFileSize {
-		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is %d bytes; the limit is %d", st.Size(), MaxFileSize)}}
-	}
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
-		return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
+		return nil, err
 	}
 	return Parse(path, data)
 }
@@ -344,5 +349,6 @@ func Parse(filename string, data []byte) (*File, error) {
 	}
 	f.Filename = filename
 	f.Warnings = d.warns.normalize()
+	f.digest = sha256.Sum256(data)
 	return f, nil
 }

@@ -120,6 +120,8 @@ func printable(v string) bool {
 }
 
 // validateService applies the rules that span fields of one service, after defaults.
+// Each step checks one concern; a field rejected while decoding (st.good false) silences
+// the rules that read it.
 func (d *decoder) validateService(st *svcState) {
 	s := st.s
 	if !st.has("name") {
@@ -132,67 +134,89 @@ func (d *decoder) validateService(st *svcState) {
 	if !st.good("protocol") {
 		return
 	}
-	l4 := s.Protocol == ProtocolTCP || s.Protocol == ProtocolUDP
-	a := &s.Affinity
-	modeOK := st.good("affinity.mode") && st.good("affinity")
+	d.validateServed(st)
+	d.validateAffinity(st)
+	d.validateBalance(st)
+	d.validateHash(st)
+	d.validateSlowStart(st)
+	d.validateHealthCheck(st)
+	d.validateBackends(st)
+	d.validateDrainedZones(st)
+}
 
-	// Where the service is served.
+func (s *Service) l4() bool { return s.Protocol == ProtocolTCP || s.Protocol == ProtocolUDP }
+
+func (s *Service) hashing() bool { return s.Balance == BalanceMaglev || s.Balance == BalanceRingHash }
+
+// modeOK reports whether the affinity mode was decoded, so rules may read it.
+func (st *svcState) modeOK() bool { return st.good("affinity.mode") && st.good("affinity") }
+
+// validateServed: where the service is served (listen, vip) against its protocol.
+func (d *decoder) validateServed(st *svcState) {
+	s, l4 := st.s, st.s.l4()
 	if st.has("vip") && !l4 {
 		d.errorf(st.keyPos("vip"), "vip applies to tcp and udp services (the XDP forwarder is L4); %s is %s", s.Name, s.Protocol)
 	}
 	if l4 && !st.has("listen") && !st.has("vip") {
 		d.errorf(st.node, "service %s: a %s service needs listen (an Envoy listener), vip (the XDP forwarder), or both", s.Name, s.Protocol)
 	}
+}
 
-	// Affinity against protocol, and the blocks that go with each mode.
-	if modeOK {
-		switch a.Mode {
-		case ModeCookie, ModeAppCookie, ModeURL, ModeHeader:
-			if l4 {
-				d.errorf(st.pos("affinity.mode"), "affinity mode %s needs HTTP; %s is a %s service (use none, source_ip%s)", a.Mode, s.Name, s.Protocol, map[bool]string{true: " or quic_cid", false: ""}[s.Protocol == ProtocolUDP])
-			}
-			if a.Mode == ModeURL && s.Protocol == ProtocolGRPC {
-				d.errorf(st.pos("affinity.mode"), "affinity mode url does not apply to grpc (gRPC paths name methods); use header")
-			}
-		case ModeQUICCID:
-			if s.Protocol != ProtocolUDP || s.VIP == "" && st.good("vip") {
-				d.errorf(st.pos("affinity.mode"), "affinity mode quic_cid applies to udp services with a vip (the XDP forwarder reads QUIC connection IDs)")
-			}
+// validateAffinity: the mode against the protocol, and the blocks that go with each mode.
+func (d *decoder) validateAffinity(st *svcState) {
+	if !st.modeOK() {
+		return
+	}
+	s, l4, a := st.s, st.s.l4(), &st.s.Affinity
+	switch a.Mode {
+	case ModeCookie, ModeAppCookie, ModeURL, ModeHeader:
+		if l4 {
+			d.errorf(st.pos("affinity.mode"), "affinity mode %s needs HTTP; %s is a %s service (use none, source_ip%s)", a.Mode, s.Name, s.Protocol, map[bool]string{true: " or quic_cid", false: ""}[s.Protocol == ProtocolUDP])
 		}
-		blocks := []struct {
-			name, mode string
-			set        bool
-		}{
-			{"cookie", ModeCookie, st.has("affinity.cookie")},
-			{"app_cookie", ModeAppCookie, st.has("affinity.app_cookie")},
-			{"url", ModeURL, st.has("affinity.url")},
-			{"header", ModeHeader, st.has("affinity.header")},
-			{"quic_cid", ModeQUICCID, st.has("affinity.quic_cid")},
+		if a.Mode == ModeURL && s.Protocol == ProtocolGRPC {
+			d.errorf(st.pos("affinity.mode"), "affinity mode url does not apply to grpc (gRPC paths name methods); use header")
 		}
-		for _, b := range blocks {
-			switch {
-			case b.set && a.Mode != b.mode:
-				d.errorf(st.keyPos("affinity."+b.name), "affinity %s applies to mode %s, not %s", b.name, b.mode, a.Mode)
-			case !b.set && a.Mode == b.mode && b.mode != ModeCookie && b.mode != ModeQUICCID:
-				d.errorf(st.pos("affinity.mode"), "affinity mode %s needs an affinity.%s block (%s)", a.Mode, b.name, map[string]string{
-					"app_cookie": "app_cookie: {name: JSESSIONID}",
-					"url":        "url: {query: sid}, {path_segment: 2} or {suffix: \";jsessionid=\"}",
-					"header":     "header: {name: x-session}",
-				}[b.name])
-			}
+	case ModeQUICCID:
+		if s.Protocol != ProtocolUDP || s.VIP == "" && st.good("vip") {
+			d.errorf(st.pos("affinity.mode"), "affinity mode quic_cid applies to udp services with a vip (the XDP forwarder reads QUIC connection IDs)")
 		}
-		if a.Mode == ModeNone {
-			for _, f := range []string{"ttl", "max_sessions"} {
-				if st.has("affinity." + f) {
-					d.errorf(st.keyPos("affinity."+f), "affinity %s has no effect with mode none", f)
-				}
+	}
+	blocks := []struct {
+		name, mode string
+		set        bool
+	}{
+		{"cookie", ModeCookie, st.has("affinity.cookie")},
+		{"app_cookie", ModeAppCookie, st.has("affinity.app_cookie")},
+		{"url", ModeURL, st.has("affinity.url")},
+		{"header", ModeHeader, st.has("affinity.header")},
+		{"quic_cid", ModeQUICCID, st.has("affinity.quic_cid")},
+	}
+	for _, b := range blocks {
+		switch {
+		case b.set && a.Mode != b.mode:
+			d.errorf(st.keyPos("affinity."+b.name), "affinity %s applies to mode %s, not %s", b.name, b.mode, a.Mode)
+		case !b.set && a.Mode == b.mode && b.mode != ModeCookie && b.mode != ModeQUICCID:
+			d.errorf(st.pos("affinity.mode"), "affinity mode %s needs an affinity.%s block (%s)", a.Mode, b.name, map[string]string{
+				"app_cookie": "app_cookie: {name: JSESSIONID}",
+				"url":        "url: {query: sid}, {path_segment: 2} or {suffix: \";jsessionid=\"}",
+				"header":     "header: {name: x-session}",
+			}[b.name])
+		}
+	}
+	if a.Mode == ModeNone {
+		for _, f := range []string{"ttl", "max_sessions"} {
+			if st.has("affinity." + f) {
+				d.errorf(st.keyPos("affinity."+f), "affinity %s has no effect with mode none", f)
 			}
 		}
 	}
+}
 
-	// Balance against affinity and tier.
-	hashing := s.Balance == BalanceMaglev || s.Balance == BalanceRingHash
-	if st.good("balance") && modeOK {
+// validateBalance: the balance against the affinity mode and the tiers that serve it.
+func (d *decoder) validateBalance(st *svcState) {
+	s, a := st.s, &st.s.Affinity
+	hashing := s.hashing()
+	if st.good("balance") && st.modeOK() {
 		if a.Keyed() && !hashing {
 			what := a.Mode
 			if a.Mode == ModeAppCookie {
@@ -210,6 +234,11 @@ func (d *decoder) validateService(st *svcState) {
 			d.warnf(st.pos("balance"), "gRPC's least_request ignores endpoint weights")
 		}
 	}
+}
+
+// validateHash: the hash block against the balance, and its sizes against each other.
+func (d *decoder) validateHash(st *svcState) {
+	s, hashing := st.s, st.s.hashing()
 	if st.has("hash") && st.good("balance") && !hashing {
 		d.errorf(st.keyPos("hash"), "hash applies to balance maglev and ring_hash, not %s", s.Balance)
 	}
@@ -228,11 +257,19 @@ func (d *decoder) validateService(st *svcState) {
 			d.errorf(st.pos("hash.table_size"), "table_size %d is smaller than the %d backends", h.TableSize, len(s.Backends))
 		}
 	}
+}
+
+func (d *decoder) validateSlowStart(st *svcState) {
+	s := st.s
 	if st.has("slow_start") && st.good("balance") && s.Balance != BalanceLeastConn && s.Balance != BalanceRoundRobin {
 		d.errorf(st.keyPos("slow_start"), "slow_start applies to weighted_least_conn and weighted_round_robin (Envoy ramps only those), not %s", s.Balance)
 	}
+}
 
-	// Health checks.
+// validateHealthCheck: fields that apply to other probe protocols, and the timeout against
+// the interval.
+func (d *decoder) validateHealthCheck(st *svcState) {
+	s := st.s
 	if hc := s.HealthCheck; hc != nil && st.good("health_check.protocol") {
 		if hc.Protocol != HealthHTTP {
 			for _, f := range []string{"path", "expect_status"} {
@@ -244,12 +281,17 @@ func (d *decoder) validateService(st *svcState) {
 		if hc.Protocol == HealthICMP && st.has("health_check.port") {
 			d.errorf(st.keyPos("health_check.port"), "health_check port does not apply to icmp checks")
 		}
-		if st.good("health_check.timeout") && st.good("health_check.interval") && hc.Timeout > hc.Interval {
-			d.errorf(st.pos("health_check.timeout"), "health_check timeout %s is longer than the interval %s", hc.Timeout, hc.Interval)
+		// The checker's rule: a probe ends before the next one of the same backend starts.
+		if st.good("health_check.timeout") && st.good("health_check.interval") && hc.Timeout >= hc.Interval {
+			d.errorf(st.pos("health_check.timeout"), "health_check timeout %s must be shorter than the interval %s", hc.Timeout, hc.Interval)
 		}
 	}
+}
 
-	// Backends.
+// validateBackends: at least one; addresses, identities and server ids unique; a vip
+// service's backends on the vip's port and family; MACs only where the forwarder uses them.
+func (d *decoder) validateBackends(st *svcState) {
+	s, a, modeOK := st.s, &st.s.Affinity, st.modeOK()
 	if !st.has("backends") {
 		d.errorf(st.node, "service %s: backends is required (at least one)", s.Name)
 	} else if len(st.backends) == 0 && st.good("backends") {
@@ -259,10 +301,8 @@ func (d *decoder) validateService(st *svcState) {
 	addrs := map[string]int{}
 	ids := map[string]int{}
 	serverIDs := map[uint16]int{}
-	zones := map[string]bool{}
 	for _, bs := range st.backends {
 		b := bs.b
-		zones[b.Zone] = true
 		if b.Address != "" {
 			ap := b.AddrPort()
 			canon := ap.String()
@@ -302,6 +342,15 @@ func (d *decoder) validateService(st *svcState) {
 				d.warnf(fieldPos(bs, "server_id"), "server_id is read only in affinity mode quic_cid")
 			}
 		}
+	}
+}
+
+// validateDrainedZones warns about zone shifts that drain nothing or everything.
+func (d *decoder) validateDrainedZones(st *svcState) {
+	s := st.s
+	zones := map[string]bool{}
+	for _, b := range s.Backends {
+		zones[b.Zone] = true
 	}
 	for _, z := range s.DrainedZones {
 		if !zones[z] {

@@ -5,22 +5,44 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/health"
 )
 
-// The known fields of each mapping, in the order DESIGN.md lists them.
-var (
-	fileFields        = []string{"services"}
-	serviceFields     = []string{"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"}
-	affinityFields    = []string{"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"}
-	cookieFields      = []string{"name", "path"}
-	appCookieFields   = []string{"name", "mode"}
-	urlFields         = []string{"query", "path_segment", "suffix"}
-	headerFields      = []string{"name"}
-	quicFields        = []string{"cid_length"}
-	hashFields        = []string{"table_size", "min_ring_size", "max_ring_size", "bounded_load"}
-	slowStartFields   = []string{"window", "aggression", "min_weight_percent"}
-	healthCheckFields = []string{"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"}
-	backendFields     = []string{"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"}
+// schema is every mapping the decoder reads, by its path in the file ("" is the top
+// level), with the fields it accepts there. The decoder takes its lists from here and from
+// nowhere else, so this is the whole schema: docs/pools.md documents each path and field, and
+// a test holds the two together.
+var schema = map[string][]string{
+	pathFile:        {"services"},
+	pathService:     {"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"},
+	pathAffinity:    {"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"},
+	pathCookie:      {"name", "path"},
+	pathAppCookie:   {"name", "mode"},
+	pathURL:         {"query", "path_segment", "suffix"},
+	pathHeader:      {"name"},
+	pathQUICCID:     {"cid_length"},
+	pathHash:        {"table_size", "min_ring_size", "max_ring_size", "bounded_load"},
+	pathSlowStart:   {"window", "aggression", "min_weight_percent"},
+	pathHealthCheck: {"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"},
+	pathBackend:     {"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"},
+}
+
+// The paths of schema.
+const (
+	pathFile        = ""
+	pathService     = "services[]"
+	pathAffinity    = "services[].affinity"
+	pathCookie      = "services[].affinity.cookie"
+	pathAppCookie   = "services[].affinity.app_cookie"
+	pathURL         = "services[].affinity.url"
+	pathHeader      = "services[].affinity.header"
+	pathQUICCID     = "services[].affinity.quic_cid"
+	pathHash        = "services[].hash"
+	pathSlowStart   = "services[].slow_start"
+	pathHealthCheck = "services[].health_check"
+	pathBackend     = "services[].backends[]"
 )
 
 // svcState is a service being decoded: the value, and where each field came
@@ -70,7 +92,7 @@ func (d *decoder) decodeFile(root *yaml.Node) *File {
 		d.errorf(root, "empty pools file: want a mapping with services:")
 		return nil
 	}
-	fs, ok := d.fields(root, "the pools file", fileFields)
+	fs, ok := d.fields(root, "the pools file", schema[pathFile])
 	if !ok {
 		return nil
 	}
@@ -97,8 +119,11 @@ func (d *decoder) decodeFile(root *yaml.Node) *File {
 	return f
 }
 
+// decodeService decodes one entry of services:, fills in the defaults and applies the
+// rules that span its fields. Each step below decodes a few fields; a value it rejects is
+// marked bad so the rules that depend on it stay quiet.
 func (d *decoder) decodeService(n *yaml.Node) *svcState {
-	fs, ok := d.fields(n, "service", serviceFields)
+	fs, ok := d.fields(n, "service", schema[pathService])
 	if !ok {
 		return nil
 	}
@@ -109,64 +134,15 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 		given: map[string]field{},
 		bad:   map[string]bool{},
 	}
-	s := st.s
 	for name, f := range fs {
 		st.given[name] = f
 	}
-	fail := func(path string) { st.bad[path] = true }
-
-	if f, ok := fs["name"]; ok {
-		if v, ok := d.str(f); !ok {
-			fail("name")
-		} else if !validName(v) {
-			d.errorf(f.val, "name %q: want lowercase letters, digits and '-' (not at either end), at most 63 characters, e.g. web-eu", v)
-			fail("name")
-		} else {
-			s.Name = v
-		}
-	}
-	if f, ok := fs["protocol"]; ok {
-		v, ok := d.str(f)
-		switch {
-		case !ok:
-			fail("protocol")
-		case v == ProtocolHTTP || v == ProtocolGRPC || v == ProtocolTCP || v == ProtocolUDP:
-			s.Protocol = v
-		default:
-			d.errorf(f.val, "protocol %q: want http, grpc, tcp or udp", v)
-			fail("protocol")
-		}
-	}
-	if f, ok := fs["listen"]; ok {
-		if v, ok := d.str(f); !ok || !d.checkAddr(f.val, "listen", v, addrListen) {
-			fail("listen")
-		} else {
-			s.Listen = v
-		}
-	}
-	if f, ok := fs["vip"]; ok {
-		if v, ok := d.str(f); !ok || !d.checkAddr(f.val, "vip", v, addrVIP) {
-			fail("vip")
-		} else {
-			s.VIP = v
-		}
-	}
+	d.decodeNameAndProtocol(st, fs)
+	d.decodeAddresses(st, fs)
 	if f, ok := fs["affinity"]; ok {
 		d.decodeAffinity(st, f)
 	}
-	if f, ok := fs["balance"]; ok {
-		v, ok := d.str(f)
-		switch {
-		case !ok:
-			fail("balance")
-		case v == BalanceLeastConn || v == BalanceRoundRobin || v == BalanceMaglev || v == BalanceRingHash:
-			s.Balance = v
-		default:
-			d.errorf(f.val, "balance %q: want weighted_least_conn, weighted_round_robin, maglev or ring_hash%s", v,
-				suggestValue(v, []string{BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash}))
-			fail("balance")
-		}
-	}
+	d.decodeBalance(st, fs)
 	if f, ok := fs["hash"]; ok {
 		d.decodeHash(st, f)
 	}
@@ -176,98 +152,202 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 	if f, ok := fs["health_check"]; ok {
 		d.decodeHealthCheck(st, f)
 	}
-	if f, ok := fs["cross_zone"]; ok {
-		if v, ok := d.boolean(f); ok {
-			s.CrossZone = v
-		} else {
-			fail("cross_zone")
-		}
-	}
-	if f, ok := fs["drained_zones"]; ok {
-		items, ok := d.list(f)
-		if !ok {
-			fail("drained_zones")
-		}
-		seen := map[string]int{}
-		for _, item := range items {
-			v, ok := d.strAt("drained_zones entry", item)
-			if !ok {
-				fail("drained_zones")
-				continue
-			}
-			if !validZone(v) {
-				d.errorf(item, "drained zone %q: want letters, digits, '.', '_' and '-', at most 128 characters", v)
-				fail("drained_zones")
-				continue
-			}
-			if line, dup := seen[v]; dup {
-				d.errorf(item, "drained zone %q listed twice (first at line %d)", v, line)
-				continue
-			}
-			seen[v] = item.Line
-			s.DrainedZones = append(s.DrainedZones, v)
-		}
-	}
-	if f, ok := fs["backends"]; ok {
-		items, ok := d.list(f)
-		if !ok {
-			fail("backends")
-		}
-		for _, item := range items {
-			if bs := d.decodeBackend(item); bs != nil {
-				st.backends = append(st.backends, bs)
-				s.Backends = append(s.Backends, bs.b)
-			} else {
-				fail("backends")
-			}
-		}
-	}
+	d.decodeZones(st, fs)
+	d.decodeBackends(st, fs)
 
-	applyDefaults(s, st.has)
+	applyDefaults(st.s, st.has)
 	d.validateService(st)
 	return st
 }
 
+func (d *decoder) decodeNameAndProtocol(st *svcState, fs map[string]field) {
+	s := st.s
+	if f, ok := fs["name"]; ok {
+		if v, ok := d.str(f); !ok {
+			st.bad["name"] = true
+		} else if !validName(v) {
+			d.errorf(f.val, "name %q: want lowercase letters, digits and '-' (not at either end), at most 63 characters, e.g. web-eu", v)
+			st.bad["name"] = true
+		} else {
+			s.Name = v
+		}
+	}
+	if f, ok := fs["protocol"]; ok {
+		v, ok := d.str(f)
+		switch {
+		case !ok:
+			st.bad["protocol"] = true
+		case v == ProtocolHTTP || v == ProtocolGRPC || v == ProtocolTCP || v == ProtocolUDP:
+			s.Protocol = v
+		default:
+			d.errorf(f.val, "protocol %q: want http, grpc, tcp or udp", v)
+			st.bad["protocol"] = true
+		}
+	}
+}
+
+// decodeAddresses decodes where the service is served: listen (Envoy) and vip (XDP).
+func (d *decoder) decodeAddresses(st *svcState, fs map[string]field) {
+	for _, a := range []struct {
+		name string
+		kind addrKind
+		dst  *string
+	}{{"listen", addrListen, &st.s.Listen}, {"vip", addrVIP, &st.s.VIP}} {
+		f, ok := fs[a.name]
+		if !ok {
+			continue
+		}
+		if v, ok := d.str(f); !ok || !d.checkAddr(f.val, a.name, v, a.kind) {
+			st.bad[a.name] = true
+		} else {
+			*a.dst = v
+		}
+	}
+}
+
+func (d *decoder) decodeBalance(st *svcState, fs map[string]field) {
+	f, ok := fs["balance"]
+	if !ok {
+		return
+	}
+	v, ok := d.str(f)
+	switch {
+	case !ok:
+		st.bad["balance"] = true
+	case v == BalanceLeastConn || v == BalanceRoundRobin:
+		st.s.Balance = v
+	case isHashName(v):
+		st.s.Balance, _ = chash.ParseAlgorithm(v)
+	default:
+		d.errorf(f.val, "balance %q: want weighted_least_conn, weighted_round_robin, maglev or ring_hash%s", v,
+			suggestValue(v, []string{BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash}))
+		st.bad["balance"] = true
+	}
+}
+
+func (d *decoder) decodeZones(st *svcState, fs map[string]field) {
+	s := st.s
+	if f, ok := fs["cross_zone"]; ok {
+		if v, ok := d.boolean(f); ok {
+			s.CrossZone = v
+		} else {
+			st.bad["cross_zone"] = true
+		}
+	}
+	f, ok := fs["drained_zones"]
+	if !ok {
+		return
+	}
+	items, ok := d.list(f)
+	if !ok {
+		st.bad["drained_zones"] = true
+	}
+	seen := map[string]int{}
+	for _, item := range items {
+		v, ok := d.strAt("drained_zones entry", item)
+		if !ok {
+			st.bad["drained_zones"] = true
+			continue
+		}
+		if !validZone(v) {
+			d.errorf(item, "drained zone %q: want letters, digits, '.', '_' and '-', at most 128 characters", v)
+			st.bad["drained_zones"] = true
+			continue
+		}
+		if line, dup := seen[v]; dup {
+			d.errorf(item, "drained zone %q listed twice (first at line %d)", v, line)
+			continue
+		}
+		seen[v] = item.Line
+		s.DrainedZones = append(s.DrainedZones, v)
+	}
+}
+
+func (d *decoder) decodeBackends(st *svcState, fs map[string]field) {
+	f, ok := fs["backends"]
+	if !ok {
+		return
+	}
+	items, ok := d.list(f)
+	if !ok {
+		st.bad["backends"] = true
+	}
+	for _, item := range items {
+		if bs := d.decodeBackend(item); bs != nil {
+			st.backends = append(st.backends, bs)
+			st.s.Backends = append(st.s.Backends, bs.b)
+		} else {
+			st.bad["backends"] = true
+		}
+	}
+}
+
+// decodeAffinity decodes what identifies a session: the mode, the session table's limits,
+// and the block of the mode (cookie, app_cookie, url, header or quic_cid).
 func (d *decoder) decodeAffinity(st *svcState, af field) {
-	fs, ok := d.fields(af.val, "affinity", affinityFields)
+	fs, ok := d.fields(af.val, "affinity", schema[pathAffinity])
 	if !ok {
 		st.bad["affinity"] = true
 		st.bad["affinity.mode"] = true
 		return
 	}
-	a := &st.s.Affinity
 	for name, f := range fs {
 		st.given["affinity."+name] = f
 	}
-	fail := func(path string) { st.bad["affinity."+path] = true }
-
-	if f, ok := fs["mode"]; ok {
-		v, ok := d.str(f)
-		modes := []string{ModeNone, ModeCookie, ModeAppCookie, ModeURL, ModeHeader, ModeSourceIP, ModeQUICCID}
-		switch {
-		case !ok:
-			fail("mode")
-		case contains(modes, v):
-			a.Mode = v
-		default:
-			d.errorf(f.val, "affinity mode %q: want none, cookie, app_cookie, url, header, source_ip or quic_cid%s", v, suggestValue(v, modes))
-			fail("mode")
-		}
-	} else {
-		d.errorf(af.key, "affinity: mode is required (none, cookie, app_cookie, url, header, source_ip or quic_cid)")
-		fail("mode")
+	a := &st.s.Affinity
+	d.decodeMode(st, af, fs)
+	d.decodeSessionLimits(st, fs)
+	if f, ok := fs["cookie"]; ok {
+		a.Cookie = d.decodeCookie(f)
 	}
+	if f, ok := fs["app_cookie"]; ok {
+		a.AppCookie = d.decodeAppCookie(st, f)
+	}
+	if f, ok := fs["url"]; ok {
+		a.URL = d.decodeURL(f)
+	}
+	if f, ok := fs["header"]; ok {
+		a.Header = d.decodeHeader(f)
+	}
+	if f, ok := fs["quic_cid"]; ok {
+		a.QUICCID = d.decodeQUICCID(f)
+	}
+}
+
+func (d *decoder) decodeMode(st *svcState, af field, fs map[string]field) {
+	f, ok := fs["mode"]
+	if !ok {
+		d.errorf(af.key, "affinity: mode is required (none, cookie, app_cookie, url, header, source_ip or quic_cid)")
+		st.bad["affinity.mode"] = true
+		return
+	}
+	v, ok := d.str(f)
+	modes := []string{ModeNone, ModeCookie, ModeAppCookie, ModeURL, ModeHeader, ModeSourceIP, ModeQUICCID}
+	switch {
+	case !ok:
+		st.bad["affinity.mode"] = true
+	case contains(modes, v):
+		st.s.Affinity.Mode = v
+	default:
+		d.errorf(f.val, "affinity mode %q: want none, cookie, app_cookie, url, header, source_ip or quic_cid%s", v, suggestValue(v, modes))
+		st.bad["affinity.mode"] = true
+	}
+}
+
+// decodeSessionLimits decodes ttl and max_sessions.
+func (d *decoder) decodeSessionLimits(st *svcState, fs map[string]field) {
+	a := &st.s.Affinity
 	if f, ok := fs["ttl"]; ok {
 		v, ok := d.duration(f)
 		switch {
 		case !ok:
-			fail("ttl")
+			st.bad["affinity.ttl"] = true
 		case v < 1e9:
 			d.errorf(f.val, "ttl %s: want at least 1s (it is the session lifetime)", v)
-			fail("ttl")
+			st.bad["affinity.ttl"] = true
 		case v%1e9 != 0:
 			d.errorf(f.val, "ttl %s: want whole seconds (cookies carry expiry in seconds)", v)
-			fail("ttl")
+			st.bad["affinity.ttl"] = true
 		default:
 			a.TTL = v
 		}
@@ -276,130 +356,146 @@ func (d *decoder) decodeAffinity(st *svcState, af field) {
 		v, ok := d.integer(f)
 		switch {
 		case !ok:
-			fail("max_sessions")
+			st.bad["affinity.max_sessions"] = true
 		case v < 1 || v > MaxSessionsLimit:
 			d.errorf(f.val, "max_sessions %d out of range 1..%d", v, MaxSessionsLimit)
-			fail("max_sessions")
+			st.bad["affinity.max_sessions"] = true
 		default:
 			a.MaxSessions = int(v)
 		}
 	}
-	if f, ok := fs["cookie"]; ok {
-		c := &Cookie{}
-		if bfs, ok := d.fields(f.val, "cookie", cookieFields); ok {
-			if g, ok := bfs["name"]; ok {
-				if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
-					c.Name = v
-				}
-			}
-			if g, ok := bfs["path"]; ok {
-				isPath := func(v string) bool {
-					return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
-				}
-				if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
-					c.Path = v
-				}
-			}
-		}
-		a.Cookie = c
+}
+
+func (d *decoder) decodeCookie(f field) *Cookie {
+	c := &Cookie{}
+	fs, ok := d.fields(f.val, "cookie", schema[pathCookie])
+	if !ok {
+		return c
 	}
-	if f, ok := fs["app_cookie"]; ok {
-		c := &AppCookie{}
-		if bfs, ok := d.fields(f.val, "app_cookie", appCookieFields); ok {
-			if g, ok := bfs["name"]; ok {
-				if v, ok := d.strWhere(g, validToken, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
-					c.Name = v
-				}
+	if g, ok := fs["name"]; ok {
+		if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
+			c.Name = v
+		}
+	}
+	if g, ok := fs["path"]; ok {
+		isPath := func(v string) bool {
+			return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
+		}
+		if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
+			c.Path = v
+		}
+	}
+	return c
+}
+
+func (d *decoder) decodeAppCookie(st *svcState, f field) *AppCookie {
+	c := &AppCookie{}
+	fs, ok := d.fields(f.val, "app_cookie", schema[pathAppCookie])
+	if !ok {
+		return c
+	}
+	if g, ok := fs["name"]; ok {
+		if v, ok := d.strWhere(g, validToken, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
+			c.Name = v
+		}
+	} else {
+		d.errorf(f.key, "app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
+	}
+	if g, ok := fs["mode"]; ok {
+		isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
+		if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
+			c.Mode = v
+		} else {
+			st.bad["affinity.app_cookie.mode"] = true
+		}
+	}
+	return c
+}
+
+// decodeURL decodes the one source of a URL key: query, path_segment or suffix.
+func (d *decoder) decodeURL(f field) *URLKey {
+	u := &URLKey{}
+	fs, ok := d.fields(f.val, "url", schema[pathURL])
+	if !ok {
+		return u
+	}
+	var set []string
+	if g, ok := fs["query"]; ok {
+		set = append(set, "query")
+		if v, ok := d.str(g); ok {
+			if v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") {
+				u.Source, u.Query = URLQuery, v
 			} else {
-				d.errorf(f.key, "app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
-			}
-			if g, ok := bfs["mode"]; ok {
-				isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
-				if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
-					c.Mode = v
-				} else {
-					fail("app_cookie.mode")
-				}
+				d.errorf(g.val, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)", v)
 			}
 		}
-		a.AppCookie = c
 	}
-	if f, ok := fs["url"]; ok {
-		u := &URLKey{}
-		if bfs, ok := d.fields(f.val, "url", urlFields); ok {
-			var set []string
-			if g, ok := bfs["query"]; ok {
-				set = append(set, "query")
-				if v, ok := d.str(g); ok {
-					if v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") {
-						u.Source, u.Query = URLQuery, v
-					} else {
-						d.errorf(g.val, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)", v)
-					}
-				}
-			}
-			if g, ok := bfs["path_segment"]; ok {
-				set = append(set, "path_segment")
-				if v, ok := d.integer(g); ok {
-					if v >= math.MinInt32 && v <= math.MaxInt32 {
-						u.Source, u.PathSegment = URLPathSegment, int(v)
-					} else {
-						d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
-					}
-				}
-			}
-			if g, ok := bfs["suffix"]; ok {
-				set = append(set, "suffix")
-				if v, ok := d.str(g); ok {
-					if v != "" && printable(v) && !strings.ContainsAny(v, " \t") {
-						u.Source, u.Suffix = URLSuffix, v
-					} else {
-						d.errorf(g.val, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)", v)
-					}
-				}
-			}
-			switch len(set) {
-			case 0:
-				d.errorf(f.key, "url: set one of query, path_segment or suffix")
-			case 1:
-			default:
-				d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
-			}
-		}
-		a.URL = u
-	}
-	if f, ok := fs["header"]; ok {
-		h := &HeaderKey{}
-		if bfs, ok := d.fields(f.val, "header", headerFields); ok {
-			if g, ok := bfs["name"]; ok {
-				if v, ok := d.strWhere(g, validToken, "header name %q: want an HTTP header name such as x-session"); ok {
-					h.Name = v
-				}
+	if g, ok := fs["path_segment"]; ok {
+		set = append(set, "path_segment")
+		if v, ok := d.integer(g); ok {
+			if v >= math.MinInt32 && v <= math.MaxInt32 {
+				u.Source, u.PathSegment = URLPathSegment, int(v)
 			} else {
-				d.errorf(f.key, "header: name is required (the request header carrying the session key)")
+				d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
 			}
 		}
-		a.Header = h
 	}
-	if f, ok := fs["quic_cid"]; ok {
-		q := &QUICCID{}
-		if bfs, ok := d.fields(f.val, "quic_cid", quicFields); ok {
-			if g, ok := bfs["cid_length"]; ok {
-				if v, ok := d.integer(g); ok {
-					if v >= MinCIDLength && v <= MaxCIDLength {
-						q.CIDLength = int(v)
-					} else {
-						d.errorf(g.val, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", v, MinCIDLength, MaxCIDLength)
-					}
-				}
+	if g, ok := fs["suffix"]; ok {
+		set = append(set, "suffix")
+		if v, ok := d.str(g); ok {
+			if v != "" && printable(v) && !strings.ContainsAny(v, " \t") {
+				u.Source, u.Suffix = URLSuffix, v
+			} else {
+				d.errorf(g.val, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)", v)
 			}
 		}
-		a.QUICCID = q
 	}
+	switch len(set) {
+	case 0:
+		d.errorf(f.key, "url: set one of query, path_segment or suffix")
+	case 1:
+	default:
+		d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
+	}
+	return u
+}
+
+func (d *decoder) decodeHeader(f field) *HeaderKey {
+	h := &HeaderKey{}
+	fs, ok := d.fields(f.val, "header", schema[pathHeader])
+	if !ok {
+		return h
+	}
+	if g, ok := fs["name"]; ok {
+		if v, ok := d.strWhere(g, validToken, "header name %q: want an HTTP header name such as x-session"); ok {
+			h.Name = v
+		}
+	} else {
+		d.errorf(f.key, "header: name is required (the request header carrying the session key)")
+	}
+	return h
+}
+
+func (d *decoder) decodeQUICCID(f field) *QUICCID {
+	q := &QUICCID{}
+	fs, ok := d.fields(f.val, "quic_cid", schema[pathQUICCID])
+	if !ok {
+		return q
+	}
+	if g, ok := fs["cid_length"]; ok {
+		if v, ok := d.integer(g); ok {
+			if v >= MinCIDLength && v <= MaxCIDLength {
+				q.CIDLength = int(v)
+			} else {
+				d.errorf(g.val, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", v, MinCIDLength, MaxCIDLength)
+			}
+		}
+	}
+	return q
 }
 
 func (d *decoder) decodeHash(st *svcState, hf field) {
-	fs, ok := d.fields(hf.val, "hash", hashFields)
+	fs, ok := d.fields(hf.val, "hash", schema[pathHash])
 	if !ok {
 		st.bad["hash"] = true
 		return
@@ -457,7 +553,7 @@ func (d *decoder) decodeHash(st *svcState, hf field) {
 }
 
 func (d *decoder) decodeSlowStart(st *svcState, sf field) {
-	fs, ok := d.fields(sf.val, "slow_start", slowStartFields)
+	fs, ok := d.fields(sf.val, "slow_start", schema[pathSlowStart])
 	if !ok {
 		st.bad["slow_start"] = true
 		return
@@ -499,7 +595,7 @@ func (d *decoder) decodeSlowStart(st *svcState, sf field) {
 }
 
 func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
-	fs, ok := d.fields(hf.val, "health_check", healthCheckFields)
+	fs, ok := d.fields(hf.val, "health_check", schema[pathHealthCheck])
 	if !ok {
 		st.bad["health_check"] = true
 		return
@@ -507,9 +603,15 @@ func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
 	for name, f := range fs {
 		st.given["health_check."+name] = f
 	}
-	fail := func(name string) { st.bad["health_check."+name] = true }
 	hc := &HealthCheck{}
 	st.s.HealthCheck = hc
+	d.decodeProbe(st, hc, fs)
+	d.decodeProbeTiming(st, hc, fs)
+}
+
+// decodeProbe decodes what a probe sends and expects: protocol, path, expect_status, port.
+func (d *decoder) decodeProbe(st *svcState, hc *HealthCheck, fs map[string]field) {
+	fail := func(name string) { st.bad["health_check."+name] = true }
 	if f, ok := fs["protocol"]; ok {
 		v, ok := d.str(f)
 		switch {
@@ -561,13 +663,19 @@ func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
 			}
 		}
 	}
+}
+
+// decodeProbeTiming decodes when probes run and when they decide: interval, timeout and
+// the thresholds.
+func (d *decoder) decodeProbeTiming(st *svcState, hc *HealthCheck, fs map[string]field) {
+	fail := func(name string) { st.bad["health_check."+name] = true }
 	if f, ok := fs["interval"]; ok {
 		v, ok := d.duration(f)
 		switch {
 		case !ok:
 			fail("interval")
-		case v < 1e9 || v > 300e9:
-			d.errorf(f.val, "health_check interval %s out of range 1s..5m", v)
+		case v < health.MinInterval || v > health.MaxInterval:
+			d.errorf(f.val, "health_check interval %s out of range %s..%s", v, health.MinInterval, health.MaxInterval)
 			fail("interval")
 		default:
 			hc.Interval = v
@@ -604,12 +712,20 @@ func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
 }
 
 func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
-	fs, ok := d.fields(n, "backend", backendFields)
+	fs, ok := d.fields(n, "backend", schema[pathBackend])
 	if !ok {
 		return nil
 	}
 	rn := resolve(n)
 	bs := &backendState{b: &Backend{Line: rn.Line}, node: rn, given: fs, bad: map[string]bool{}}
+	d.decodeBackendAddress(bs, n, fs)
+	d.decodeBackendIdentity(bs, fs)
+	d.decodeBackendForwarding(bs, fs)
+	return bs
+}
+
+// decodeBackendAddress decodes where the backend is and how much it takes: address, weight.
+func (d *decoder) decodeBackendAddress(bs *backendState, n *yaml.Node, fs map[string]field) {
 	b := bs.b
 	fail := func(name string) { bs.bad[name] = true }
 	if f, ok := fs["address"]; ok {
@@ -637,6 +753,13 @@ func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
 			b.Weight = uint32(v)
 		}
 	}
+}
+
+// decodeBackendIdentity decodes how the backend is named and placed: zone, hash_key,
+// server_id.
+func (d *decoder) decodeBackendIdentity(bs *backendState, fs map[string]field) {
+	b := bs.b
+	fail := func(name string) { bs.bad[name] = true }
 	if f, ok := fs["zone"]; ok {
 		if v, ok := d.str(f); ok && validZone(v) {
 			b.Zone = v
@@ -669,6 +792,12 @@ func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
 			b.ServerID = uint16(v)
 		}
 	}
+}
+
+// decodeBackendForwarding decodes what the forwarder needs: mac, drain.
+func (d *decoder) decodeBackendForwarding(bs *backendState, fs map[string]field) {
+	b := bs.b
+	fail := func(name string) { bs.bad[name] = true }
 	if f, ok := fs["mac"]; ok {
 		if v, ok := d.str(f); ok && d.checkMAC(f.val, v) {
 			b.MAC = v
@@ -683,7 +812,13 @@ func (d *decoder) decodeBackend(n *yaml.Node) *backendState {
 			fail("drain")
 		}
 	}
-	return bs
+}
+
+// isHashName reports whether v names a consistent hash (chash.ParseAlgorithm: "ring" is
+// ring_hash).
+func isHashName(v string) bool {
+	_, ok := chash.ParseAlgorithm(v)
+	return ok
 }
 
 // suggestValue is suggest for enumerated values.

@@ -10,6 +10,16 @@ import (
 	"time"
 )
 
+// Defaults of a session table, for every tier that keeps one (Caddy's keyed policies, and
+// the pools file's affinity.ttl and affinity.max_sessions).
+const (
+	// DefaultTTL is the session lifetime when none is configured.
+	DefaultTTL = 30 * time.Minute
+	// DefaultMaxEntries is max_sessions when none is configured: at about 80 bytes an entry
+	// (more for long keys) a table stays near 10 MB.
+	DefaultMaxEntries = 100_000
+)
+
 const (
 	// MaxKeyLen is the longest key stored as given; longer keys are stored as
 	// their SHA-256 digest (transparently: Get, Put and Delete digest the same

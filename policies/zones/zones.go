@@ -4,7 +4,7 @@
 // shift) take no new traffic but keep their existing sessions.
 //
 // Shares computes the resulting share of all traffic per backend (what an operator checks,
-// and what tests compare with seed 003). Localities gives the same policy as Envoy
+// and what the tests check on a two-zone example). Localities gives the same policy as Envoy
 // localities and priorities, the form the xDS server publishes per node.
 package zones
 
@@ -27,7 +27,7 @@ func (b Backend) takesNew(drained map[string]bool) bool {
 }
 
 // Node is a zone's group of load-balancer nodes and the share of all client traffic that
-// reaches them (seed 003: each zone's LB nodes get half).
+// reaches them (in a two-zone fleet with even DNS weights, half each).
 type Node struct {
 	Zone    string
 	Traffic float64

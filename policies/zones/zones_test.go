@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// seed003 is the example of seed 003: zone A has 2 servers, zone B 8; each zone's LB nodes
+// twoZones is the classic cross-zone example: zone A has 2 servers, zone B 8; each zone's LB nodes
 // receive half of the traffic.
-func seed003() ([]Node, []Backend) {
+func twoZones() ([]Node, []Backend) {
 	var bs []Backend
 	for i := 0; i < 2; i++ {
 		bs = append(bs, Backend{ID: fmt.Sprintf("a%d", i), Zone: "A", Weight: 1, Healthy: true})
@@ -22,7 +22,7 @@ func seed003() ([]Node, []Backend) {
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 func TestSeed003CrossZoneOn(t *testing.T) {
-	nodes, bs := seed003()
+	nodes, bs := twoZones()
 	for id, s := range Shares(nodes, bs, Policy{CrossZone: true}) {
 		if !near(s, 0.10) {
 			t.Errorf("%s: %v, want 10%%", id, s)
@@ -31,7 +31,7 @@ func TestSeed003CrossZoneOn(t *testing.T) {
 }
 
 func TestSeed003CrossZoneOff(t *testing.T) {
-	nodes, bs := seed003()
+	nodes, bs := twoZones()
 	for id, s := range Shares(nodes, bs, Policy{CrossZone: false}) {
 		want := 0.0625
 		if id[0] == 'a' {
@@ -44,7 +44,7 @@ func TestSeed003CrossZoneOff(t *testing.T) {
 }
 
 func TestFailoverAndDrain(t *testing.T) {
-	nodes, bs := seed003()
+	nodes, bs := twoZones()
 	bs[0].Healthy, bs[1].Healthy = false, false // zone A has no healthy server left
 	sh := Shares(nodes, bs, Policy{CrossZone: false})
 	for id, s := range sh {
@@ -56,7 +56,7 @@ func TestFailoverAndDrain(t *testing.T) {
 			t.Errorf("failover %s: %v, want %v", id, s, want)
 		}
 	}
-	nodes, bs = seed003()
+	nodes, bs = twoZones()
 	sh = Shares(nodes, bs, Policy{CrossZone: true, DrainedZones: []string{"B"}})
 	if !near(sh["a0"], 0.5) || !near(sh["b3"], 0) {
 		t.Errorf("zone shift away from B: %v", sh)
@@ -67,7 +67,7 @@ func TestFailoverAndDrain(t *testing.T) {
 		t.Errorf("drained backend: %v", sh)
 	}
 	// Weights count.
-	nodes, bs = seed003()
+	nodes, bs = twoZones()
 	bs[0].Weight = 3
 	sh = Shares(nodes, bs, Policy{CrossZone: false})
 	if !near(sh["a0"], 0.375) || !near(sh["a1"], 0.125) {
@@ -76,7 +76,7 @@ func TestFailoverAndDrain(t *testing.T) {
 }
 
 func TestLocalities(t *testing.T) {
-	_, bs := seed003()
+	_, bs := twoZones()
 	bs[0].Weight = 3
 	on := Localities("A", bs, Policy{CrossZone: true})
 	if len(on) != 2 || on[0].Zone != "A" || on[0].Priority != 0 || on[1].Priority != 0 {

@@ -1,67 +1,60 @@
-package pools
+package health
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/stickylb/stickylb/policies/health"
 )
 
-// HealthMonitor: an edit keeps the checker (and its verdicts) of a service whose
+// Monitor: an edit keeps the checker (and its verdicts) of a service whose
 // health_check did not change, and starts afresh one whose health_check did.
-func TestHealthMonitorKeepsCheckersAcrossEdits(t *testing.T) {
+func TestMonitorKeepsCheckersAcrossEdits(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dead := ln.Addr().String()
 	ln.Close() // refused from now on
-	file := func(interval string, backends ...string) []*Service {
-		src := "services:\n  - name: a\n    protocol: tcp\n    listen: 127.0.0.1:1\n    affinity: {mode: none}\n    balance: maglev\n" +
-			"    health_check: {protocol: tcp, interval: " + interval + ", timeout: 500ms, unhealthy_threshold: 1}\n    backends:\n"
+	// A pools file's service "a": tcp checks, unhealthy after one failure.
+	file := func(interval time.Duration, backends ...string) []Service {
+		s := Service{Name: "a", Config: Config{Protocol: TCP, Interval: interval, Timeout: 500 * time.Millisecond, UnhealthyThreshold: 1}}
 		for _, b := range backends {
-			src += fmt.Sprintf("      - {address: %q}\n", b)
+			s.Targets = append(s.Targets, Target{ID: b, Address: b})
 		}
-		f, err := Parse("pools.yaml", []byte(src))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f.Services
+		return []Service{s}
 	}
 	var transitions atomic.Int64
-	m := NewHealthMonitor(func(string, health.Transition) { transitions.Add(1) })
+	m := NewMonitor(func(string, Transition) { transitions.Add(1) })
 	defer m.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	first := file("1s", dead)
+	first := file(time.Second, dead)
 	if err := m.Apply(ctx, first); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for m.View("a", first[0].Backends[0]) != health.Unhealthy {
+	for m.View("a", first[0].Targets[0].ID) != Unhealthy {
 		if time.Now().After(deadline) {
-			t.Fatalf("the dead backend not unhealthy within 5s: %v", m.View("a", first[0].Backends[0]))
+			t.Fatalf("the dead backend not unhealthy within 5s: %v", m.View("a", first[0].Targets[0].ID))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	// Same health_check, one more backend: the verdict stands at once.
-	grown := file("1s", dead, "127.0.0.1:9")
+	grown := file(time.Second, dead, "127.0.0.1:9")
 	if err := m.Apply(ctx, grown); err != nil {
 		t.Fatal(err)
 	}
-	if st := m.View("a", grown[0].Backends[0]); st != health.Unhealthy {
+	if st := m.View("a", grown[0].Targets[0].ID); st != Unhealthy {
 		t.Fatalf("after an edit that kept the health_check: %v, want unhealthy", st)
 	}
 	// Another interval: a new checker, which knows nothing yet.
-	changed := file("2s", dead)
+	changed := file(2*time.Second, dead)
 	if err := m.Apply(ctx, changed); err != nil {
 		t.Fatal(err)
 	}
-	if st := m.View("a", changed[0].Backends[0]); st != health.Unknown {
+	if st := m.View("a", changed[0].Targets[0].ID); st != Unknown {
 		t.Fatalf("after the health_check changed: %v, want unknown", st)
 	}
 	if transitions.Load() == 0 {
@@ -71,7 +64,7 @@ func TestHealthMonitorKeepsCheckersAcrossEdits(t *testing.T) {
 	if err := m.Apply(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if st := m.View("a", changed[0].Backends[0]); st != health.Unknown {
+	if st := m.View("a", changed[0].Targets[0].ID); st != Unknown {
 		t.Fatalf("after the service left: %v", st)
 	}
 }

@@ -1,0 +1,132 @@
+package pools
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// errTooLarge marks ReadFile's refusal of a file over MaxFileSize.
+var errTooLarge = errors.New("pools file too large")
+
+// ReadFile reads the pools file at path, refusing one over MaxFileSize before reading a
+// byte of it (a wrong path can name a disk image), and reading through a limited reader, so
+// a file that grows after the check, or that has no size (a pipe), is refused at the limit.
+// A non-nil error is an ErrorList of one entry.
+func ReadFile(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
+	}
+	defer fh.Close()
+	if st, err := fh.Stat(); err == nil && st.Size() > MaxFileSize {
+		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is %d bytes; the limit is %d", st.Size(), MaxFileSize), Err: errTooLarge}}
+	}
+	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
+	if err != nil {
+		return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
+	}
+	if len(data) > MaxFileSize {
+		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is over %d bytes, the limit", MaxFileSize), Err: errTooLarge}}
+	}
+	return data, nil
+}
+
+// Watcher reloads a pools file whenever its content changes: the one reload loop of every
+// tier that serves a pools file (`stickylb xds`, `stickylb xdp`). It polls, because polling
+// survives editors that replace the file and config-map symlink swaps, which an inotify
+// watch on the file loses. An edit that is invalid (every problem logged as file:line) or
+// that Apply refuses is counted once in Errors, and the last good config keeps serving.
+type Watcher struct {
+	// Path is the pools file.
+	Path string
+	// Interval is the time between two looks at the file.
+	Interval time.Duration
+	// Current is the version being served (what Load returned), so that an edit made
+	// between that Load and Run is not missed. Nil: the content Run first reads is taken
+	// as the one being served.
+	Current *File
+	// Apply installs a valid new version. An error keeps the last good version serving;
+	// the same content is not offered again until it changes.
+	Apply func(*File) error
+	// Log receives one line per problem of a rejected edit, and one per applied edit.
+	Log *zap.Logger
+	// Errors, when set, counts rejected edits: invalid, too large, or refused by Apply.
+	Errors *atomic.Uint64
+}
+
+// Run polls until ctx ends.
+func (w *Watcher) Run(ctx context.Context) {
+	var st watchState
+	if w.Current != nil && w.Current.digest != ([sha256.Size]byte{}) {
+		st.last = w.Current.digest
+	} else if data, err := ReadFile(w.Path); err == nil {
+		st.last = sha256.Sum256(data)
+	}
+	t := time.NewTicker(w.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.poll(&st)
+	}
+}
+
+type watchState struct {
+	last    [sha256.Size]byte // digest of the content last offered (or of a refusal)
+	readErr string            // the last unreadable-file error logged, so it is logged once
+}
+
+// poll looks at the file once and offers a changed content to Apply.
+func (w *Watcher) poll(st *watchState) {
+	data, err := ReadFile(w.Path)
+	var sum [sha256.Size]byte
+	switch {
+	case err == nil:
+		sum = sha256.Sum256(data)
+	case errors.Is(err, errTooLarge):
+		sum = sha256.Sum256([]byte(err.Error())) // nothing was read: the size stands in
+	default:
+		// Missing for a moment (a rename in progress) is not an edit.
+		if msg := err.Error(); msg != st.readErr {
+			w.Log.Warn("pools file unreadable; the last good config keeps serving", zap.Error(err))
+			st.readErr = msg
+		}
+		return
+	}
+	st.readErr = ""
+	if sum == st.last {
+		return
+	}
+	st.last = sum
+	if err == nil {
+		var f *File
+		if f, err = Parse(w.Path, data); err == nil {
+			if err = w.Apply(f); err == nil {
+				w.Log.Info("pools file reloaded", zap.String("file", w.Path), zap.Int("services", len(f.Services)))
+				return
+			}
+		}
+	}
+	if w.Errors != nil {
+		w.Errors.Add(1)
+	}
+	var list ErrorList
+	if errors.As(err, &list) {
+		for _, e := range list {
+			w.Log.Error("invalid pools file edit; the last good config keeps serving", zap.String("error", e.Error()))
+		}
+		return
+	}
+	w.Log.Error("pools file edit not applied; the last good config keeps serving", zap.Error(err))
+}

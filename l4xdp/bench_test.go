@@ -25,7 +25,7 @@ func BenchmarkProgRun(b *testing.B) {
 			b.ReportMetric(float64(d.Nanoseconds()), "ns/packet")
 		})
 	}
-	bench("path=floor", fx.f.FloorProgram(), est, nil)
+	bench("path=floor", loadTestProgs(b).FloorXdp, est, nil)
 	bench("path=established", fx.f.Program(), est, nil)
 	// New connections: a SYN skips the connection table, hashes the 5-tuple, picks from the
 	// Maglev table and writes the flow's entry (an update of the same entry on every run,

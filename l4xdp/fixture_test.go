@@ -87,7 +87,7 @@ func setup(t testing.TB) *fixture {
 }
 
 func (fx *fixture) expect(b []byte) int {
-	return int(fx.table[Hash(b)%uint32(len(fx.table))])
+	return int(fx.table[fnv1a(b)%uint32(len(fx.table))])
 }
 
 // discriminating returns the first i in [0, 100) for which differ(i) holds: fixtures pick
@@ -157,7 +157,7 @@ func TestFixtureTCP5Tuple(t *testing.T) {
 	seen := map[int]bool{}
 	for sport := uint16(40000); sport < 40040; sport++ {
 		in := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
-		b := fx.expect(FlowHashInput(client4, vip4, sport, 80, 6, false))
+		b := fx.expect(flowHashInput(client4, vip4, sport, 80, 6, false))
 		ret, out := run(t, fx.f.Program(), in)
 		check(t, fmt.Sprintf("syn from port %d", sport), ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "S", nil, backMACs[b]))
 		seen[b] = true
@@ -168,7 +168,7 @@ func TestFixtureTCP5Tuple(t *testing.T) {
 	if len(seen) != 3 {
 		t.Fatalf("40 flows reached %d backends; 5-tuple hashing should spread them", len(seen))
 	}
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["conn_hit"] != 40 || c["conn_miss"] != 40 || c["forward"] != 80 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -194,7 +194,7 @@ func TestFixtureIPOptions(t *testing.T) {
 	if in[14]&0x0f <= 5 {
 		t.Fatal("fixture has no IP options")
 	}
-	b := fx.expect(FlowHashInput(client4, vip4, 5555, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 5555, 80, 6, false))
 	ret, out := run(t, fx.f.Program(), in)
 	check(t, "options", ret, out, xdpTX, tcp4(t, client4, vip4, 5555, 80, "S", opts, backMACs[b]))
 }
@@ -202,8 +202,8 @@ func TestFixtureIPOptions(t *testing.T) {
 // fragments: every fragment, the first too, goes by (src, dst, proto).
 func TestFixtureFragments(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 0, 0, 6, false))
-	if b == fx.expect(FlowHashInput(client4, vip4, 7777, 80, 6, false)) {
+	b := fx.expect(flowHashInput(client4, vip4, 0, 0, 6, false))
+	if b == fx.expect(flowHashInput(client4, vip4, 7777, 80, 6, false)) {
 		t.Fatal("fixture does not tell fragment hashing from 5-tuple hashing")
 	}
 	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, payload []byte) []byte {
@@ -234,7 +234,7 @@ func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
 	// where its quoted header, unswapped, would hash.
 	sport := 6000 + uint16(discriminating(t, func(i int) bool {
 		p := 6000 + uint16(i)
-		return fx.expect(FlowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(FlowHashInput(vip4, client4, 80, p, 6, false))
+		return fx.expect(flowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(flowHashInput(vip4, client4, 80, p, 6, false))
 	}))
 	syn := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
 	ret, out := run(t, fx.f.Program(), syn)
@@ -250,7 +250,7 @@ func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
 	}
 	ret, out = run(t, fx.f.Program(), build(lbMAC, clientMAC))
 	check(t, "icmp frag-needed", ret, out, xdpTX, build(flowMAC, lbMAC))
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["icmp_error"] != 1 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -272,7 +272,7 @@ func TestFixtureMalformed(t *testing.T) {
 	if ret != xdpDrop {
 		t.Fatalf("ihl < 5: %d, want drop", ret)
 	}
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["malformed"] != 3 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -281,7 +281,7 @@ func TestFixtureMalformed(t *testing.T) {
 func TestFixtureRST(t *testing.T) {
 	fx := setup(t)
 	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "S", nil, nil))
-	b := fx.expect(FlowHashInput(client4, vip4, 2222, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 2222, 80, 6, false))
 	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "R", nil, nil))
 	check(t, "rst", ret, out, xdpTX, tcp4(t, client4, vip4, 2222, 80, "R", nil, backMACs[b]))
 	var key lbFlow
@@ -307,7 +307,7 @@ func tcp6(t testing.TB, src netip.Addr, sport uint16, mac net.HardwareAddr) []by
 
 func TestFixtureIPv6SourceIP(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client6, vip6, 0, 0, 6, true))
+	b := fx.expect(flowHashInput(client6, vip6, 0, 0, 6, true))
 	for sport := uint16(1000); sport < 1010; sport++ {
 		ret, out := run(t, fx.f.Program(), tcp6(t, client6, sport, nil))
 		check(t, "v6 source_ip", ret, out, xdpTX, tcp6(t, client6, sport, backMACs[b]))
@@ -413,9 +413,9 @@ func TestFixtureIPv6Fragments(t *testing.T) {
 		a := client6.As16()
 		a[15] += byte(i)
 		src = netip.AddrFrom16(a)
-		return fx.expect(FlowHashInput(src, vip6, 0, 0, 6, false)) != fx.expect(FlowHashInput(src, vip6, 0, 0, 6, true))
+		return fx.expect(flowHashInput(src, vip6, 0, 0, 6, false)) != fx.expect(flowHashInput(src, vip6, 0, 0, 6, true))
 	})
-	b := fx.expect(FlowHashInput(src, vip6, 0, 0, 6, false))
+	b := fx.expect(flowHashInput(src, vip6, 0, 0, 6, false))
 	tcpHdr := tcp6(t, src, 7000, nil)[14+40:]
 	first := frag6(t, src, 0, true, tcpHdr, nil)
 	ret, out := run(t, fx.f.Program(), first)
@@ -423,7 +423,7 @@ func TestFixtureIPv6Fragments(t *testing.T) {
 	rest := []byte("the rest of it, 8-byte units")
 	ret, out = run(t, fx.f.Program(), frag6(t, src, 3, false, rest, nil))
 	check(t, "v6 last fragment", ret, out, xdpTX, frag6(t, src, 3, false, rest, backMACs[b]))
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["fragment"] != 2 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -444,7 +444,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 	}
 	// The flow, client -> vip6:53 (UDP, 5-tuple); its quoted reply, unswapped, would hash to
 	// another backend.
-	if fx.expect(FlowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(FlowHashInput(vip6, client6, 53, 5353, 17, false)) {
+	if fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(flowHashInput(vip6, client6, 53, 5353, 17, false)) {
 		t.Fatal("fixture does not tell the swapped inner header from the unswapped one")
 	}
 	ret, out := run(t, fx.f.Program(), udp6(client6, vip6, 5353, 53, eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)))
@@ -452,7 +452,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 		t.Fatalf("udp flow: %d", ret)
 	}
 	flowMAC := net.HardwareAddr(out[0:6])
-	if want := backMACs[fx.expect(FlowHashInput(client6, vip6, 5353, 53, 17, false))]; !bytes.Equal(flowMAC, want) {
+	if want := backMACs[fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false))]; !bytes.Equal(flowMAC, want) {
 		t.Fatalf("flow went to %s, want %s", flowMAC, want)
 	}
 	reply := udp6(vip6, client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
@@ -475,7 +475,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 	echo := icmp(128, 0, []byte{0, 1, 0, 1, 'p', 'i', 'n', 'g'}, lbMAC, clientMAC)
 	ret, out = run(t, fx.f.Program(), echo)
 	check(t, "icmpv6 echo request", ret, out, xdpPass, echo)
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["icmp_error"] != 1 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -485,7 +485,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 // rewritten as for XDP_TX. Under BPF_PROG_RUN the redirect is reported, not done.
 func TestFixtureRedirectToBackendInterface(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 4444, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 4444, 80, 6, false))
 	if err := fx.f.SetBackend(uint32(b), Backend{MAC: backMACs[b], Ifindex: 1, Alive: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestFixtureRedirectToBackendInterface(t *testing.T) {
 // backend, even after a table change sent new flows elsewhere. Only RST forgets a flow.
 func TestFixtureFINKeepsFlow(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 2323, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 2323, 80, 6, false))
 	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2323, 80, "S", nil, nil))
 	other := make([]uint32, len(fx.table))
 	for i := range other {
@@ -518,7 +518,7 @@ func TestFixtureFINKeepsFlow(t *testing.T) {
 // table; the entry then follows the new connection.
 func TestFixtureSYNPicksFromTable(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 3434, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 3434, 80, 6, false))
 	run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "S", nil, nil))
 	next := (b + 1) % len(backMACs)
 	moved := make([]uint32, len(fx.table))

@@ -16,25 +16,12 @@ const (
 	FlagQUIC     = 2
 )
 
-// Path counter indexes (mirrors enum lb_path in bpf/lb.c).
-const (
-	PathPass = iota
-	PathForward
-	PathConnHit
-	PathConnMiss
-	PathFragment
-	PathICMPError
-	PathMalformed
-	PathNoBackend
-	PathIPOptions
-	PathTCPRST
-	PathQUICServerID
-	numPaths
-)
-
-// PathNames names the path counters for metrics and `stickylb xdp stats`.
-var PathNames = [numPaths]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
+// pathNames names the path counters (by index: enum lb_path in bpf/lb.c) for metrics and
+// `stickylb xdp stats`.
+var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
 	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id"}
+
+const numPaths = uint32(len(pathNames))
 
 // MaxTableSize is the largest Maglev table a VIP may use (the inner map's size).
 const MaxTableSize = 65537
@@ -81,11 +68,15 @@ func (f *Forwarder) Close() error { return f.objs.Close() }
 // Program is the forwarder's XDP program.
 func (f *Forwarder) Program() *ebpf.Program { return f.objs.StickylbXdp }
 
-// FloorProgram is a MAC-swap XDP_TX program, the floor of the benchmarks.
-func (f *Forwarder) FloorProgram() *ebpf.Program { return f.objs.FloorXdp }
-
-// PassProgram returns XDP_PASS (for the peers of veths that XDP_TX into).
-func (f *Forwarder) PassProgram() *ebpf.Program { return f.objs.PassXdp }
+// LoadPass loads the XDP_PASS program of `stickylb xdp pass` (for the peers of veths that
+// XDP_TX into), from its own small object; Close releases it.
+func LoadPass() (*ebpf.Program, error) {
+	var objs passObjects
+	if err := loadPassObjects(&objs, nil); err != nil {
+		return nil, fmt.Errorf("loading the XDP_PASS program (needs root or CAP_BPF): %w", err)
+	}
+	return objs.PassXdp, nil
+}
 
 func addr16(a netip.Addr) [16]byte { return a.As16() }
 
@@ -313,7 +304,7 @@ func readStats(m statsMaps) (Stats, error) {
 		if err != nil {
 			return st, fmt.Errorf("reading path counters: %w", err)
 		}
-		st.Paths[PathNames[i]] = c
+		st.Paths[pathNames[i]] = c
 	}
 	for _, t := range []struct {
 		names, counters *ebpf.Map
@@ -337,41 +328,4 @@ func readStats(m statsMaps) (Stats, error) {
 // SetServerID maps a QUIC server_id of a VIP to a backend slot.
 func (f *Forwarder) SetServerID(vipID uint32, serverID uint16, idx uint32) error {
 	return f.objs.ServerIds.Put(lbServerKey{VipId: vipID, ServerId: uint32(serverID)}, idx)
-}
-
-// PathCounts sums the per-CPU path counters' packets.
-func (f *Forwarder) PathCounts() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i := uint32(0); i < numPaths; i++ {
-		c, err := sumCounter(f.objs.PathStats, i)
-		if err != nil {
-			return nil, err
-		}
-		out[PathNames[i]] = c.Packets
-	}
-	return out, nil
-}
-
-// Hash is FNV-1a over b, the hash the program computes (hash_flow, the QUIC DCID hash).
-func Hash(b []byte) uint32 {
-	h := uint32(2166136261)
-	for _, x := range b {
-		h = (h ^ uint32(x)) * 16777619
-	}
-	return h
-}
-
-// FlowHashInput returns the bytes the program hashes for a flow: the source address (16
-// bytes, IPv4 mapped) for source_ip, else source, destination, ports (as they sit in the
-// packet) and protocol.
-func FlowHashInput(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnly bool) []byte {
-	s, d := src.As16(), dst.As16()
-	b := append([]byte{}, s[:]...)
-	if srcOnly {
-		return b
-	}
-	b = append(b, d[:]...)
-	b = binary.BigEndian.AppendUint16(b, sport)
-	b = binary.BigEndian.AppendUint16(b, dport)
-	return append(b, proto)
 }

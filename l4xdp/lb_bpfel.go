@@ -42,15 +42,6 @@ type lbFlow struct {
 	Pad   [3]uint8
 }
 
-type lbGenConfig struct {
-	_        structs.HostLayout
-	Dst      [6]uint8
-	Src      [6]uint8
-	Flows    uint32
-	PortOff  uint32
-	BasePort uint32
-}
-
 type lbName struct {
 	_ structs.HostLayout
 	S [128]int8
@@ -82,26 +73,18 @@ type lbVipMeta struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lbMapBackendNames      = "backend_names"
-	lbMapBackendStats      = "backend_stats"
-	lbMapBackends          = "backends"
-	lbMapConns             = "conns"
-	lbMapGenCfg            = "gen_cfg"
-	lbMapGenSeq            = "gen_seq"
-	lbMapMaglev            = "maglev"
-	lbMapPathStats         = "path_stats"
-	lbMapServerIds         = "server_ids"
-	lbMapSinkStats         = "sink_stats"
-	lbMapVipAddrs          = "vip_addrs"
-	lbMapVipNames          = "vip_names"
-	lbMapVipStats          = "vip_stats"
-	lbMapVips              = "vips"
-	lbProgFloorXdp         = "floor_xdp"
-	lbProgGenXdp           = "gen_xdp"
-	lbProgPassXdp          = "pass_xdp"
-	lbProgRedirectFloorXdp = "redirect_floor_xdp"
-	lbProgSinkXdp          = "sink_xdp"
-	lbProgStickylbXdp      = "stickylb_xdp"
+	lbMapBackendNames = "backend_names"
+	lbMapBackendStats = "backend_stats"
+	lbMapBackends     = "backends"
+	lbMapConns        = "conns"
+	lbMapMaglev       = "maglev"
+	lbMapPathStats    = "path_stats"
+	lbMapServerIds    = "server_ids"
+	lbMapVipAddrs     = "vip_addrs"
+	lbMapVipNames     = "vip_names"
+	lbMapVipStats     = "vip_stats"
+	lbMapVips         = "vips"
+	lbProgStickylbXdp = "stickylb_xdp"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -146,12 +129,7 @@ type lbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbProgramSpecs struct {
-	FloorXdp         *ebpf.ProgramSpec `ebpf:"floor_xdp"`
-	GenXdp           *ebpf.ProgramSpec `ebpf:"gen_xdp"`
-	PassXdp          *ebpf.ProgramSpec `ebpf:"pass_xdp"`
-	RedirectFloorXdp *ebpf.ProgramSpec `ebpf:"redirect_floor_xdp"`
-	SinkXdp          *ebpf.ProgramSpec `ebpf:"sink_xdp"`
-	StickylbXdp      *ebpf.ProgramSpec `ebpf:"stickylb_xdp"`
+	StickylbXdp *ebpf.ProgramSpec `ebpf:"stickylb_xdp"`
 }
 
 // lbMapSpecs contains maps before they are loaded into the kernel.
@@ -162,12 +140,9 @@ type lbMapSpecs struct {
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
-	GenCfg       *ebpf.MapSpec `ebpf:"gen_cfg"`
-	GenSeq       *ebpf.MapSpec `ebpf:"gen_seq"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
-	SinkStats    *ebpf.MapSpec `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.MapSpec `ebpf:"vip_addrs"`
 	VipNames     *ebpf.MapSpec `ebpf:"vip_names"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
@@ -204,12 +179,9 @@ type lbMaps struct {
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Conns        *ebpf.Map `ebpf:"conns"`
-	GenCfg       *ebpf.Map `ebpf:"gen_cfg"`
-	GenSeq       *ebpf.Map `ebpf:"gen_seq"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	PathStats    *ebpf.Map `ebpf:"path_stats"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
-	SinkStats    *ebpf.Map `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.Map `ebpf:"vip_addrs"`
 	VipNames     *ebpf.Map `ebpf:"vip_names"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
@@ -222,12 +194,9 @@ func (m *lbMaps) Close() error {
 		m.BackendStats,
 		m.Backends,
 		m.Conns,
-		m.GenCfg,
-		m.GenSeq,
 		m.Maglev,
 		m.PathStats,
 		m.ServerIds,
-		m.SinkStats,
 		m.VipAddrs,
 		m.VipNames,
 		m.VipStats,
@@ -245,21 +214,11 @@ type lbVariables struct {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbPrograms struct {
-	FloorXdp         *ebpf.Program `ebpf:"floor_xdp"`
-	GenXdp           *ebpf.Program `ebpf:"gen_xdp"`
-	PassXdp          *ebpf.Program `ebpf:"pass_xdp"`
-	RedirectFloorXdp *ebpf.Program `ebpf:"redirect_floor_xdp"`
-	SinkXdp          *ebpf.Program `ebpf:"sink_xdp"`
-	StickylbXdp      *ebpf.Program `ebpf:"stickylb_xdp"`
+	StickylbXdp *ebpf.Program `ebpf:"stickylb_xdp"`
 }
 
 func (p *lbPrograms) Close() error {
 	return _LbClose(
-		p.FloorXdp,
-		p.GenXdp,
-		p.PassXdp,
-		p.RedirectFloorXdp,
-		p.SinkXdp,
 		p.StickylbXdp,
 	)
 }

@@ -50,6 +50,7 @@ type liveTopo struct {
 	ifindex map[string]int
 	mac     map[string]net.HardwareAddr
 	f       *Forwarder
+	tp      *testprogsObjects
 	links   []link.Link
 	frame   []byte
 }
@@ -129,11 +130,12 @@ func newLiveTopo(tb testing.TB) *liveTopo {
 		tb.Fatal(err)
 	}
 	lt.f = f
-	lt.attach("bk", "b0", f.objs.SinkXdp)
-	cfg := lbGenConfig{Flows: liveFlows, PortOff: 14 + 20, BasePort: liveBasePort}
+	lt.tp = loadTestProgs(tb)
+	lt.attach("bk", "b0", lt.tp.SinkXdp)
+	cfg := testprogsGenConfig{Flows: liveFlows, PortOff: 14 + 20, BasePort: liveBasePort}
 	copy(cfg.Dst[:], lt.mac["l0"])
 	copy(cfg.Src[:], lt.mac["c0"])
-	if err := f.objs.GenCfg.Put(uint32(0), cfg); err != nil {
+	if err := lt.tp.GenCfg.Put(uint32(0), cfg); err != nil {
 		tb.Fatal(err)
 	}
 	lt.frame = tcp4(tb, client4, vip4, liveBasePort, 80, "A", nil, nil)
@@ -196,10 +198,12 @@ func (lt *liveTopo) armStickylb() func() {
 // armFloor attaches the floor to l0: MAC rewrite and redirect to backend 0, nothing else.
 // The pipeline's cost beside the LB's (generator, veths, sink) is what this arm measures.
 func (lt *liveTopo) armFloor() func() {
-	if err := lt.f.SetBackend(0, Backend{MAC: liveBackendMACs[0], Ifindex: uint32(lt.ifindex["l1"]), Alive: true}); err != nil {
+	target := testprogsFloorTarget{Ifindex: uint32(lt.ifindex["l1"])}
+	copy(target.Mac[:], liveBackendMACs[0])
+	if err := lt.tp.FloorCfg.Put(uint32(0), target); err != nil {
 		lt.tb.Fatal(err)
 	}
-	l := lt.attach("lb", "l0", lt.f.objs.RedirectFloorXdp)
+	l := lt.attach("lb", "l0", lt.tp.RedirectFloorXdp)
 	return func() { l.Close() }
 }
 
@@ -207,7 +211,11 @@ func (lt *liveTopo) armFloor() func() {
 // XDP program runs on it) and has nftables rewrite and forward them in the netdev ingress
 // hook, as a user would do DR without XDP.
 func (lt *liveTopo) armNftables() func() {
-	l := lt.attach("lb", "l0", lt.f.PassProgram())
+	pass, err := LoadPass()
+	if err != nil {
+		lt.tb.Fatal(err)
+	}
+	l := lt.attach("lb", "l0", pass)
 	var macs []string
 	for i, m := range liveBackendMACs {
 		macs = append(macs, fmt.Sprintf("%d : %s", i, m))
@@ -223,6 +231,7 @@ func (lt *liveTopo) armNftables() func() {
 	return func() {
 		lt.in("lb", "nft", "delete", "table", "netdev", "slbench")
 		l.Close()
+		pass.Close()
 	}
 }
 
@@ -231,8 +240,8 @@ func (lt *liveTopo) armNftables() func() {
 func (lt *liveTopo) sinkCounts() []uint64 {
 	out := make([]uint64, len(liveBackendMACs)+1)
 	for i := uint32(0); i < 256; i++ {
-		var per []lbCounter
-		if err := lt.f.objs.SinkStats.Lookup(i, &per); err != nil {
+		var per []testprogsCounter
+		if err := lt.tp.SinkStats.Lookup(i, &per); err != nil {
 			lt.tb.Fatal(err)
 		}
 		var n uint64
@@ -251,9 +260,9 @@ func (lt *liveTopo) sinkCounts() []uint64 {
 }
 
 func (lt *liveTopo) resetSink() {
-	zero := make([]lbCounter, ebpf.MustPossibleCPU())
+	zero := make([]testprogsCounter, ebpf.MustPossibleCPU())
 	for i := uint32(0); i < 256; i++ {
-		if err := lt.f.objs.SinkStats.Put(i, zero); err != nil {
+		if err := lt.tp.SinkStats.Put(i, zero); err != nil {
 			lt.tb.Fatal(err)
 		}
 	}
@@ -302,7 +311,7 @@ func (lt *liveTopo) generate(n, batch uint32) (time.Duration, []uint64, error) {
 	binary.NativeEndian.PutUint32(ctx[12:], uint32(lt.ifindex["c0"]))
 	start := time.Now()
 	err := lt.inNS("gen", func() error {
-		_, err := lt.f.objs.GenXdp.Run(&ebpf.RunOptions{Data: lt.frame, Context: ctx, Repeat: n,
+		_, err := lt.tp.GenXdp.Run(&ebpf.RunOptions{Data: lt.frame, Context: ctx, Repeat: n,
 			Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES, BatchSize: batch})
 		return err
 	})

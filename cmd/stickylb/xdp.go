@@ -186,13 +186,13 @@ func xdpPass(cfg l4xdp.Config, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
 		return 1
 	}
-	fw, err := l4xdp.Load()
+	prog, err := l4xdp.LoadPass()
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
 		return 1
 	}
-	defer fw.Close()
-	lnk, err := link.AttachXDP(link.XDPOptions{Program: fw.PassProgram(), Interface: ifc.Index})
+	defer prog.Close()
+	lnk, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index})
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
 		return 1

@@ -16,7 +16,8 @@ import (
 type lbBackend struct {
 	_       structs.HostLayout
 	Mac     [6]uint8
-	Flags   uint16
+	Pad     uint16
+	Flags   uint32
 	Ifindex uint32
 }
 
@@ -41,6 +42,23 @@ type lbFlow struct {
 	Proto uint8
 	Pad   [3]uint8
 }
+
+type lbLbPath uint32
+
+const (
+	lbLbPathPATH_PASS           lbLbPath = 0
+	lbLbPathPATH_FORWARD        lbLbPath = 1
+	lbLbPathPATH_CONN_HIT       lbLbPath = 2
+	lbLbPathPATH_CONN_MISS      lbLbPath = 3
+	lbLbPathPATH_FRAGMENT       lbLbPath = 4
+	lbLbPathPATH_ICMP_ERROR     lbLbPath = 5
+	lbLbPathPATH_MALFORMED      lbLbPath = 6
+	lbLbPathPATH_NO_BACKEND     lbLbPath = 7
+	lbLbPathPATH_IP_OPTIONS     lbLbPath = 8
+	lbLbPathPATH_TCP_RST        lbLbPath = 9
+	lbLbPathPATH_QUIC_SERVER_ID lbLbPath = 10
+	lbLbPathPATH_MAX            lbLbPath = 16
+)
 
 type lbName struct {
 	_ structs.HostLayout

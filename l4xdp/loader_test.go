@@ -101,7 +101,7 @@ func slotsOf(t *testing.T, f *Forwarder) map[string]uint32 {
 	return out
 }
 
-func backendAt(t *testing.T, f *Forwarder, slot uint32) (net.HardwareAddr, uint16) {
+func backendAt(t *testing.T, f *Forwarder, slot uint32) (net.HardwareAddr, uint32) {
 	t.Helper()
 	var b lbBackend
 	if err := f.objs.Backends.Lookup(slot, &b); err != nil {

@@ -40,12 +40,19 @@ struct icmp6hdr {
 #define MAGLEV_SIZE 65537 /* largest table; each VIP's own size is in vip_meta */
 #define MAX_CID 20
 
-#define F_SRC_IP 1 /* affinity source_ip: hash the source address only */
-#define F_QUIC 2   /* affinity quic_cid */
+/* The constants the Go side mirrors are enums, each the type of a map key or a field, so
+ * that they reach the object's BTF, where l4xdp's tests compare them with the Go ones. */
 
-#define B_ALIVE 1 /* backend in the pool (draining ones stay alive: their flows hold) */
-#define B_DOWN 2  /* the loader's last health verdict (not read here): a restarted loader keeps
-		   * a backend out of new flows until its own checker has seen it */
+enum vip_flags {
+	F_SRC_IP = 1, /* affinity source_ip: hash the source address only */
+	F_QUIC = 2,   /* affinity quic_cid */
+};
+
+enum backend_flags {
+	B_ALIVE = 1, /* backend in the pool (draining ones stay alive: their flows hold) */
+	B_DOWN = 2,  /* the loader's last health verdict (not read here): a restarted loader keeps
+		      * a backend out of new flows until its own checker has seen it */
+};
 
 enum lb_path {
 	PATH_PASS = 0,       /* not for a VIP */
@@ -71,14 +78,15 @@ struct vip_key {
 
 struct vip_meta {
 	__u32 id;
-	__u32 flags;
+	enum vip_flags flags;
 	__u32 table_size;
 	__u32 cid_len;
 };
 
 struct backend {
 	__u8 mac[6];
-	__u16 flags;
+	__u16 pad;
+	enum backend_flags flags;
 	__u32 ifindex; /* 0: XDP_TX out of the ingress interface */
 };
 
@@ -182,7 +190,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, PATH_MAX);
-	__type(key, __u32);
+	__type(key, enum lb_path);
 	__type(value, struct counter);
 } path_stats SEC(".maps");
 

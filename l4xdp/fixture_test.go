@@ -38,7 +38,7 @@ const (
 )
 
 type fixture struct {
-	f     *Forwarder
+	f     *Tables
 	table []uint32
 }
 

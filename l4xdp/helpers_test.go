@@ -33,7 +33,7 @@ func flowHashInput(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnl
 }
 
 // pathCounts sums the per-CPU path counters' packets, by path name.
-func pathCounts(t testing.TB, f *Forwarder) map[string]uint64 {
+func pathCounts(t testing.TB, f *Tables) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
 	for i := uint32(0); i < numPaths; i++ {

@@ -49,7 +49,7 @@ type liveTopo struct {
 	ns      map[string]netns.NsHandle
 	ifindex map[string]int
 	mac     map[string]net.HardwareAddr
-	f       *Forwarder
+	f       *Tables
 	tp      *testprogsObjects
 	links   []link.Link
 	frame   []byte

@@ -88,7 +88,7 @@ func (r *loaderRig) apply(l *Loader, yaml string) {
 	}
 }
 
-func slotsOf(t *testing.T, f *Forwarder) map[string]uint32 {
+func slotsOf(t *testing.T, f *Tables) map[string]uint32 {
 	t.Helper()
 	ns, err := names(f.objs.BackendNames)
 	if err != nil {
@@ -101,7 +101,7 @@ func slotsOf(t *testing.T, f *Forwarder) map[string]uint32 {
 	return out
 }
 
-func backendAt(t *testing.T, f *Forwarder, slot uint32) (net.HardwareAddr, uint32) {
+func backendAt(t *testing.T, f *Tables, slot uint32) (net.HardwareAddr, uint32) {
 	t.Helper()
 	var b lbBackend
 	if err := f.objs.Backends.Lookup(slot, &b); err != nil {
@@ -132,7 +132,7 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	r := newLoaderRig(t)
 	l := r.open()
 	r.apply(l, loaderPoolsA)
-	fw := l.Forwarder()
+	fw := l.Tables()
 	slots := slotsOf(t, fw)
 	y := slots["a/10.9.1.2:80"]
 	if len(slots) != 3 {
@@ -205,7 +205,7 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 		}
 	}()
 	r.apply(l2, moved)
-	after := slotsOf(t, l2.Forwarder())
+	after := slotsOf(t, l2.Tables())
 	for n, s := range before {
 		if after[n] != s {
 			t.Fatalf("slots before the restart %v, after %v", before, after)

@@ -89,7 +89,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Forwarder()})
+		reg.MustRegister(xdpCollector{l.Tables()})
 		hs := &http.Server{Addr: *metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
@@ -123,7 +123,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 
 // xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the
 // connection table's hits and misses.
-type xdpCollector struct{ fw *l4xdp.Forwarder }
+type xdpCollector struct{ fw *l4xdp.Tables }
 
 var (
 	descPathPackets    = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)

@@ -6,11 +6,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include "bpf_helpers.h"
-
-struct counter {
-	__u64 packets;
-	__u64 bytes;
-};
+#include "structs.h"
 
 /* The floor of the benchmarks: MAC swap and XDP_TX, nothing else. */
 SEC("xdp")

@@ -1,3 +1,6 @@
+// The forwarder's maps as the loader writes them: VIPs and their Maglev tables, backends,
+// QUIC server_ids, names.
+
 package l4xdp
 
 import (
@@ -10,13 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Affinity flags of a VIP (mirrors F_* in bpf/lb.c).
+// Affinity flags of a VIP (mirrors F_* in bpf/consts.h).
 const (
 	FlagSourceIP = 1
 	FlagQUIC     = 2
 )
 
-// pathNames names the path counters (by index: enum lb_path in bpf/lb.c) for metrics and
+// pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and
 // `stickylb xdp stats`.
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
 	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id"}
@@ -26,7 +29,7 @@ const numPaths = uint32(len(pathNames))
 // MaxTableSize is the largest Maglev table a VIP may use (the inner map's size).
 const MaxTableSize = 65537
 
-// Backend flags (mirror B_* in bpf/lb.c).
+// Backend flags (mirror B_* in bpf/consts.h).
 const (
 	backendAlive = 1
 	backendDown  = 2
@@ -44,14 +47,16 @@ const maxName = len(lbName{}.S) - 1
 // emptySlot marks a table slot with no backend (an empty pool).
 const emptySlot = ^uint32(0)
 
-// Forwarder holds the loaded program and its maps.
-type Forwarder struct {
+// Tables is the loaded forwarder program and the maps it reads: the loader writes VIPs,
+// Maglev tables and backends through it (bpf/lb.c does the forwarding), and reads its
+// counters.
+type Tables struct {
 	objs lbObjects
 }
 
 // Load loads the program into the kernel (nothing attached yet).
-func Load() (*Forwarder, error) {
-	f := &Forwarder{}
+func Load() (*Tables, error) {
+	f := &Tables{}
 	if err := loadLbObjects(&f.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -63,10 +68,10 @@ func Load() (*Forwarder, error) {
 }
 
 // Close releases the program and maps held by this process (pinned ones stay).
-func (f *Forwarder) Close() error { return f.objs.Close() }
+func (f *Tables) Close() error { return f.objs.Close() }
 
 // Program is the forwarder's XDP program.
-func (f *Forwarder) Program() *ebpf.Program { return f.objs.StickylbXdp }
+func (f *Tables) Program() *ebpf.Program { return f.objs.StickylbXdp }
 
 // LoadPass loads the XDP_PASS program of `stickylb xdp pass` (for the peers of veths that
 // XDP_TX into), from its own small object; Close releases it.
@@ -104,7 +109,7 @@ func (v VIP) key(withPort bool) lbVipKey {
 
 // SetVIP installs or replaces a VIP and its table. The table goes into a fresh inner map
 // that is swapped in whole, so a packet sees the old table or the new one, never a mix.
-func (f *Forwarder) SetVIP(v VIP) error {
+func (f *Tables) SetVIP(v VIP) error {
 	if len(v.Table) == 0 || len(v.Table) > MaxTableSize {
 		return fmt.Errorf("vip %s: table of %d slots (want 1..%d)", v.Addr, len(v.Table), MaxTableSize)
 	}
@@ -144,7 +149,7 @@ type Backend struct {
 }
 
 // SetBackend installs backend slot idx.
-func (f *Forwarder) SetBackend(idx uint32, b Backend) error {
+func (f *Tables) SetBackend(idx uint32, b Backend) error {
 	var v lbBackend
 	if len(b.MAC) != 6 {
 		return fmt.Errorf("backend %d: MAC %q is not 6 bytes", idx, b.MAC)
@@ -161,7 +166,7 @@ func (f *Forwarder) SetBackend(idx uint32, b Backend) error {
 }
 
 // PruneServerIDs removes every QUIC server_id mapping not in keep.
-func (f *Forwarder) PruneServerIDs(keep map[lbServerKey]uint32) error {
+func (f *Tables) PruneServerIDs(keep map[lbServerKey]uint32) error {
 	var k lbServerKey
 	var v uint32
 	var stale []lbServerKey
@@ -181,14 +186,14 @@ func (f *Forwarder) PruneServerIDs(keep map[lbServerKey]uint32) error {
 }
 
 // zeroCounter resets one per-CPU counter (a slot or id taken by a new name).
-func (f *Forwarder) zeroCounter(m *ebpf.Map, idx uint32) error {
+func (f *Tables) zeroCounter(m *ebpf.Map, idx uint32) error {
 	return m.Put(idx, make([]lbCounter, ebpf.MustPossibleCPU()))
 }
 
 // PruneVIPs removes every VIP not in keep: its (address, port, protocol) and address
 // entries, and the tables of ids no VIP in keep uses. A VIP whose address changed loses its
 // old address here.
-func (f *Forwarder) PruneVIPs(keep []VIP) error {
+func (f *Tables) PruneVIPs(keep []VIP) error {
 	wantVIP, wantAddr, wantID := map[lbVipKey]bool{}, map[lbVipKey]bool{}, map[uint32]bool{}
 	for _, v := range keep {
 		wantVIP[v.key(true)], wantAddr[v.key(false)], wantID[v.ID] = true, true, true
@@ -262,70 +267,7 @@ func names(m *ebpf.Map) (map[uint32]string, error) {
 	return out, it.Err()
 }
 
-// Counter is a packet and byte count.
-type Counter struct {
-	Packets uint64 `json:"packets"`
-	Bytes   uint64 `json:"bytes"`
-}
-
-// Stats are the forwarder's counters: by path (forward, conn_hit, conn_miss, fragment, ...),
-// by VIP (its service) and by backend ("service/backend").
-type Stats struct {
-	Paths    map[string]Counter `json:"paths"`
-	VIPs     map[string]Counter `json:"vips"`
-	Backends map[string]Counter `json:"backends"`
-}
-
-type statsMaps struct{ path, vip, backend, vipNames, backendNames *ebpf.Map }
-
-// Stats sums the per-CPU counters.
-func (f *Forwarder) Stats() (Stats, error) {
-	o := &f.objs
-	return readStats(statsMaps{o.PathStats, o.VipStats, o.BackendStats, o.VipNames, o.BackendNames})
-}
-
-func sumCounter(m *ebpf.Map, idx uint32) (Counter, error) {
-	var per []lbCounter
-	if err := m.Lookup(idx, &per); err != nil {
-		return Counter{}, err
-	}
-	var c Counter
-	for _, x := range per {
-		c.Packets += x.Packets
-		c.Bytes += x.Bytes
-	}
-	return c, nil
-}
-
-func readStats(m statsMaps) (Stats, error) {
-	st := Stats{Paths: map[string]Counter{}, VIPs: map[string]Counter{}, Backends: map[string]Counter{}}
-	for i := uint32(0); i < numPaths; i++ {
-		c, err := sumCounter(m.path, i)
-		if err != nil {
-			return st, fmt.Errorf("reading path counters: %w", err)
-		}
-		st.Paths[pathNames[i]] = c
-	}
-	for _, t := range []struct {
-		names, counters *ebpf.Map
-		into            map[string]Counter
-	}{{m.vipNames, m.vip, st.VIPs}, {m.backendNames, m.backend, st.Backends}} {
-		ns, err := names(t.names)
-		if err != nil {
-			return st, fmt.Errorf("reading names: %w", err)
-		}
-		for idx, name := range ns {
-			c, err := sumCounter(t.counters, idx)
-			if err != nil {
-				return st, fmt.Errorf("reading counters of %s: %w", name, err)
-			}
-			t.into[name] = c
-		}
-	}
-	return st, nil
-}
-
 // SetServerID maps a QUIC server_id of a VIP to a backend slot.
-func (f *Forwarder) SetServerID(vipID uint32, serverID uint16, idx uint32) error {
+func (f *Tables) SetServerID(vipID uint32, serverID uint16, idx uint32) error {
 	return f.objs.ServerIds.Put(lbServerKey{VipId: vipID, ServerId: uint32(serverID)}, idx)
 }

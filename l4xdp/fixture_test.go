@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/policies/chash"
 )
 
@@ -42,14 +42,8 @@ type fixture struct {
 	table []uint32
 }
 
-func needRoot(t testing.TB) {
-	if os.Geteuid() != 0 {
-		t.Skip("loading XDP programs needs root (CI runs as root)")
-	}
-}
-
 func setup(t testing.TB) *fixture {
-	needRoot(t)
+	netnstest.NeedRoot(t)
 	f, err := Load()
 	if err != nil {
 		t.Fatal(err)

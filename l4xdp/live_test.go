@@ -1,15 +1,11 @@
 package l4xdp
 
 import (
-	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,9 +14,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/policies/chash"
 )
 
@@ -45,8 +41,7 @@ var liveBackendMACs = []net.HardwareAddr{{0x02, 0, 0, 0, 0xb0, 1}, {0x02, 0, 0, 
 
 type liveTopo struct {
 	tb      testing.TB
-	prefix  string
-	ns      map[string]netns.NsHandle
+	kit     *netnstest.Kit
 	ifindex map[string]int
 	mac     map[string]net.HardwareAddr
 	f       *Tables
@@ -55,64 +50,28 @@ type liveTopo struct {
 	frame   []byte
 }
 
-func liveSh(tb testing.TB, args ...string) string {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 func (lt *liveTopo) in(ns string, args ...string) string {
 	lt.tb.Helper()
-	return liveSh(lt.tb, append([]string{"ip", "netns", "exec", lt.prefix + ns}, args...)...)
-}
-
-// inNS runs fn on a thread in namespace ns: ifindexes and netlink calls resolve there.
-func (lt *liveTopo) inNS(ns string, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(lt.ns[ns]); err != nil {
-		return fmt.Errorf("entering namespace %s: %w", ns, err)
-	}
-	defer netns.Set(orig)
-	return fn()
+	return lt.kit.For(lt.tb).In(ns, args...)
 }
 
 func newLiveTopo(tb testing.TB) *liveTopo {
-	needRoot(tb)
+	netnstest.NeedRoot(tb)
 	if _, err := exec.LookPath("nft"); err != nil {
 		tb.Skip("nft (nftables) not installed; scripts/test.sh installs it")
 	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	lt := &liveTopo{tb: tb, prefix: "lv" + hex.EncodeToString(b), ns: map[string]netns.NsHandle{},
-		ifindex: map[string]int{}, mac: map[string]net.HardwareAddr{}}
+	lt := &liveTopo{tb: tb, kit: netnstest.New(tb, "lv"), ifindex: map[string]int{}, mac: map[string]net.HardwareAddr{}}
 	tb.Cleanup(lt.teardown)
 	for _, ns := range []string{"gen", "lb", "bk"} {
-		liveSh(tb, "ip", "netns", "add", lt.prefix+ns)
-		h, err := netns.GetFromName(lt.prefix + ns)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		lt.ns[ns] = h
+		lt.kit.AddNS(ns)
 		// No IPv6 (router solicitations) or other traffic of the stack's own on the path.
 		lt.in(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 	}
-	lt.in("gen", "ip", "link", "add", "c0", "type", "veth", "peer", "name", "l0", "netns", lt.prefix+"lb")
-	lt.in("lb", "ip", "link", "add", "l1", "type", "veth", "peer", "name", "b0", "netns", lt.prefix+"bk")
+	lt.kit.Veth("gen", "c0", "lb", "l0")
+	lt.kit.Veth("lb", "l1", "bk", "b0")
 	for ns, ifs := range map[string][]string{"gen": {"c0"}, "lb": {"l0", "l1"}, "bk": {"b0"}} {
 		for _, name := range ifs {
-			lt.in(ns, "ip", "link", "set", name, "up")
-			err := lt.inNS(ns, func() error {
+			err := lt.kit.Do(ns, func() error {
 				ifc, err := net.InterfaceByName(name)
 				if err != nil {
 					return err
@@ -149,18 +108,12 @@ func (lt *liveTopo) teardown() {
 	if lt.f != nil {
 		lt.f.Close()
 	}
-	for _, h := range lt.ns {
-		h.Close()
-	}
-	for _, ns := range []string{"gen", "lb", "bk"} {
-		exec.Command("ip", "netns", "del", lt.prefix+ns).Run()
-	}
 }
 
 func (lt *liveTopo) attach(ns, ifname string, p *ebpf.Program) link.Link {
 	lt.tb.Helper()
 	var l link.Link
-	err := lt.inNS(ns, func() (err error) {
+	err := lt.kit.Do(ns, func() (err error) {
 		l, err = link.AttachXDP(link.XDPOptions{Program: p, Interface: lt.ifindex[ifname], Flags: link.XDPDriverMode})
 		return err
 	})
@@ -310,7 +263,7 @@ func (lt *liveTopo) generate(n, batch uint32) (time.Duration, []uint64, error) {
 	binary.NativeEndian.PutUint32(ctx[4:], uint32(len(lt.frame)))
 	binary.NativeEndian.PutUint32(ctx[12:], uint32(lt.ifindex["c0"]))
 	start := time.Now()
-	err := lt.inNS("gen", func() error {
+	err := lt.kit.Do("gen", func() error {
 		_, err := lt.tp.GenXdp.Run(&ebpf.RunOptions{Data: lt.frame, Context: ctx, Repeat: n,
 			Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES, BatchSize: batch})
 		return err

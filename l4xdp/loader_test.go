@@ -1,20 +1,15 @@
 package l4xdp
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -23,57 +18,24 @@ import (
 
 type loaderRig struct {
 	t   *testing.T
-	ns  netns.NsHandle
+	kit *netnstest.Kit
 	pin string
 }
 
 func newLoaderRig(t *testing.T) *loaderRig {
-	needRoot(t)
-	b := make([]byte, 3)
-	rand.Read(b)
-	name := "slld" + hex.EncodeToString(b)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", name)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	sh("ip", "netns", "exec", name, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1")
-	sh("ip", "netns", "exec", name, "ip", "link", "set", "v0", "up")
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	pin, err := os.MkdirTemp("", name+"-bpffs-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sh("mount", "-t", "bpf", "bpf", pin)
-	t.Cleanup(func() { exec.Command("umount", pin).Run(); os.Remove(pin) })
-	return &loaderRig{t: t, ns: h, pin: pin}
+	kit := netnstest.New(t, "slld")
+	kit.AddNS("lb")
+	kit.Veth("lb", "v0", "lb", "v1")
+	return &loaderRig{t: t, kit: kit, pin: kit.BPFFS()}
 }
 
 func (r *loaderRig) open() *Loader {
 	r.t.Helper()
 	var l *Loader
-	var err error
-	func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, _ := netns.Get()
-		defer orig.Close()
-		if err = netns.Set(r.ns); err != nil {
-			return
-		}
-		defer netns.Set(orig)
+	r.kit.MustDo("lb", func() (err error) {
 		l, err = Open(Config{Iface: "v0", Mode: ModeGeneric, PinRoot: r.pin}, zaptest.NewLogger(r.t))
-	}()
-	if err != nil {
-		r.t.Fatal(err)
-	}
+		return err
+	})
 	return l
 }
 

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/netnstest"
 )
 
 // The loader's start-up errors, each as a user meets it: a message that says what to fix and
@@ -97,29 +97,13 @@ func TestXDPNoBPFPermission(t *testing.T) {
 // with what to do about it. The interface is a veth in a namespace of the test's own whose
 // peer has no address, so nothing ever answers ARP.
 func TestXDPUnresolvableMAC(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace and XDP (CI runs as root)")
-	}
+	kit := netnstest.New(t, "slmac")
 	bin := buildBinary(t)
-	b := make([]byte, 3)
-	rand.Read(b)
-	ns := "slmac" + hex.EncodeToString(b)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	sh("ip", "netns", "exec", ns, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-	sh("ip", "netns", "exec", ns, "ip", "addr", "add", "10.200.0.1/24", "dev", "d0")
-	sh("ip", "netns", "exec", ns, "ip", "link", "set", "d0", "up")
-	sh("ip", "netns", "exec", ns, "ip", "link", "set", "d1", "up") // no address: answers no ARP
-	// A bpffs of the test's own: ip netns exec remounts /sys, hiding /sys/fs/bpf.
-	pin := t.TempDir()
-	sh("mount", "-t", "bpf", "bpf", pin)
-	t.Cleanup(func() { exec.Command("umount", pin).Run() })
+	kit.AddNS("lb")
+	kit.Veth("lb", "d0", "lb", "d1") // d1 has no address: it answers no ARP
+	kit.In("lb", "ip", "addr", "add", "10.200.0.1/24", "dev", "d0")
+	pin := kit.BPFFS()
+	ns := kit.Name("lb")
 	p := write(t, "pools.yaml", xdpPools)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -37,7 +37,13 @@ type Config struct {
 	PinRoot string // default DefaultPinRoot
 	// HealthOptions are passed to every health checker (tests allow short intervals).
 	HealthOptions []health.Option
+	// Tables sizes the connection table and its flood guard.
+	Tables Options
 }
+
+// transientMaps are the program's maps a loader makes for itself, unpinned: its config
+// (written from its flags) and the per-CPU insert budgets.
+var transientMaps = []string{"config", "insert_budget"}
 
 // pinned maps: the state a restarted loader adopts.
 var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
@@ -64,48 +70,45 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
 	}
-	spec, err := loadLb()
+	spec, err := cfg.Tables.spec()
 	if err != nil {
 		return nil, err
 	}
-	repl := map[string]*ebpf.Map{}
-	adopted := false
-	for _, name := range pinnedMaps {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(l.dir, name), nil)
-		if err != nil {
-			break
-		}
-		repl[name] = m
-	}
-	if len(repl) == len(pinnedMaps) {
-		adopted = true
-	} else {
+	repl, fresh := l.adoptable(spec)
+	fw := &Tables{}
+	if err := spec.LoadAndAssign(&fw.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		for _, m := range repl {
 			m.Close()
 		}
-		repl = nil
-	}
-	fw := &Tables{}
-	if err := spec.LoadAndAssign(&fw.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root or with CAP_BPF and CAP_NET_ADMIN): %w", err)
 		}
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}
+	for _, m := range repl { // LoadAndAssign holds its own references
+		m.Close()
+	}
 	l.fw = fw
-	if adopted {
-		if err := l.restore(); err != nil {
+	if err := fw.configure(cfg.Tables); err != nil {
+		fw.Close()
+		return nil, err
+	}
+	if err := l.restore(); err != nil {
+		fw.Close()
+		return nil, err
+	}
+	for _, name := range fresh {
+		path := filepath.Join(l.dir, name)
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 			fw.Close()
-			return nil, err
+			return nil, fmt.Errorf("removing the old pinned map %s: %w", name, err)
 		}
-	} else {
-		for _, name := range pinnedMaps {
-			if err := mapByName(fw, name).Pin(filepath.Join(l.dir, name)); err != nil {
-				fw.Close()
-				return nil, fmt.Errorf("pinning map %s: %w", name, err)
-			}
+		if err := mapByName(fw, name).Pin(path); err != nil {
+			fw.Close()
+			return nil, fmt.Errorf("pinning map %s: %w", name, err)
 		}
 	}
+	adopted := len(fresh) < len(pinnedMaps)
 	linkPath := filepath.Join(l.dir, "link")
 	if old, err := link.LoadPinnedLink(linkPath, nil); err == nil {
 		// A previous loader's link: swap our program in, atomically, under the same maps.
@@ -134,6 +137,32 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	}
 	l.lnk = lnk
 	return l, nil
+}
+
+// adoptable opens the maps a previous loader pinned that fit spec (same type, key, value
+// and size), to be reused; it returns them and the names of the maps to make and pin afresh.
+// A pinned map of another layout (an upgrade that changed it) or size (--conn-table-size
+// changed) is replaced: for the connection table, established flows then re-hash once
+// (with Maglev, most land where they were).
+func (l *Loader) adoptable(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, []string) {
+	repl := map[string]*ebpf.Map{}
+	var fresh []string
+	for _, name := range pinnedMaps {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.dir, name), nil)
+		if err != nil {
+			fresh = append(fresh, name)
+			continue
+		}
+		if err := spec.Maps[name].Compatible(m); err != nil {
+			l.log.Warn("a pinned map does not fit this loader (its layout or size changed): starting it afresh",
+				zap.String("map", name), zap.Error(err))
+			m.Close()
+			fresh = append(fresh, name)
+			continue
+		}
+		repl[name] = m
+	}
+	return repl, fresh
 }
 
 func mapByName(fw *Tables, name string) *ebpf.Map {

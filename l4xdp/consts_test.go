@@ -3,9 +3,12 @@ package l4xdp
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/stickylb/stickylb/policies/pools"
 )
 
 // The Go constants that mirror the C program's are checked against the object file itself
@@ -47,6 +50,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 	vf := enum("vip_flags")
 	want("F_SRC_IP", vf["F_SRC_IP"], FlagSourceIP)
 	want("F_QUIC", vf["F_QUIC"], FlagQUIC)
+	want("F_PANIC", vf["F_PANIC"], FlagPanic)
 	bf := enum("backend_flags")
 	want("B_ALIVE", bf["B_ALIVE"], backendAlive)
 	want("B_DOWN", bf["B_DOWN"], backendDown)
@@ -67,6 +71,10 @@ func TestCConstantsMatchGo(t *testing.T) {
 		want(m+" entries (MAX_BACKENDS)", size(m), MaxBackends)
 	}
 	want("Maglev table entries (MAGLEV_SIZE)", uint64(spec.Maps["maglev"].InnerMap.MaxEntries), MaxTableSize)
+	want("pools' largest vip table", pools.MaxVIPTableSize, MaxTableSize)
+	want("connection table entries", size("conns"), DefaultConnTableSize)
+	want("TCP idle timeout, s", uint64(pools.DefaultTCPIdleTimeout/time.Second), uint64(defaultTCPIdle/time.Second))
+	want("UDP idle timeout, s", uint64(pools.DefaultUDPIdleTimeout/time.Second), uint64(defaultUDPIdle/time.Second))
 	var name *btf.Struct
 	if err := spec.Types.TypeByName("name", &name); err != nil {
 		t.Fatal(err)

@@ -19,12 +19,16 @@ type lbBackend struct {
 	Pad     uint16
 	Flags   uint32
 	Ifindex uint32
+	Gen     uint32
 }
 
 type lbConn struct {
-	_       structs.HostLayout
-	Backend uint32
-	VipId   uint32
+	_        structs.HostLayout
+	Backend  uint32
+	Gen      uint32
+	VipId    uint32
+	Flags    uint32
+	LastSeen uint64
 }
 
 type lbCounter struct {
@@ -43,6 +47,18 @@ type lbFlow struct {
 	Pad   [3]uint8
 }
 
+type lbInsertBudget struct {
+	_      structs.HostLayout
+	Window uint64
+	Used   uint64
+}
+
+type lbLbConfig struct {
+	_         structs.HostLayout
+	InsertCap uint32
+	Pad       uint32
+}
+
 type lbLbPath uint32
 
 const (
@@ -57,6 +73,8 @@ const (
 	lbLbPathPATH_IP_OPTIONS     lbLbPath = 8
 	lbLbPathPATH_TCP_RST        lbLbPath = 9
 	lbLbPathPATH_QUIC_SERVER_ID lbLbPath = 10
+	lbLbPathPATH_CONN_STALE     lbLbPath = 11
+	lbLbPathPATH_INSERT_REFUSED lbLbPath = 12
 	lbLbPathPATH_MAX            lbLbPath = 16
 )
 
@@ -80,11 +98,12 @@ type lbVipKey struct {
 }
 
 type lbVipMeta struct {
-	_         structs.HostLayout
-	Id        uint32
-	Flags     uint32
-	TableSize uint32
-	CidLen    uint32
+	_           structs.HostLayout
+	Id          uint32
+	Flags       uint32
+	TableSize   uint32
+	CidLen      uint32
+	IdleTimeout uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -94,7 +113,9 @@ const (
 	lbMapBackendNames = "backend_names"
 	lbMapBackendStats = "backend_stats"
 	lbMapBackends     = "backends"
+	lbMapConfig       = "config"
 	lbMapConns        = "conns"
+	lbMapInsertBudget = "insert_budget"
 	lbMapMaglev       = "maglev"
 	lbMapPathStats    = "path_stats"
 	lbMapServerIds    = "server_ids"
@@ -157,7 +178,9 @@ type lbMapSpecs struct {
 	BackendNames *ebpf.MapSpec `ebpf:"backend_names"`
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
+	Config       *ebpf.MapSpec `ebpf:"config"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
@@ -196,7 +219,9 @@ type lbMaps struct {
 	BackendNames *ebpf.Map `ebpf:"backend_names"`
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
+	Config       *ebpf.Map `ebpf:"config"`
 	Conns        *ebpf.Map `ebpf:"conns"`
+	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	PathStats    *ebpf.Map `ebpf:"path_stats"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
@@ -211,7 +236,9 @@ func (m *lbMaps) Close() error {
 		m.BackendNames,
 		m.BackendStats,
 		m.Backends,
+		m.Config,
 		m.Conns,
+		m.InsertBudget,
 		m.Maglev,
 		m.PathStats,
 		m.ServerIds,

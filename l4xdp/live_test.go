@@ -84,7 +84,7 @@ func newLiveTopo(tb testing.TB) *liveTopo {
 			}
 		}
 	}
-	f, err := Load()
+	f, err := Load(Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}

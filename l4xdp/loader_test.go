@@ -3,6 +3,8 @@ package l4xdp
 import (
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -29,11 +31,13 @@ func newLoaderRig(t *testing.T) *loaderRig {
 	return &loaderRig{t: t, kit: kit, pin: kit.BPFFS()}
 }
 
-func (r *loaderRig) open() *Loader {
+func (r *loaderRig) open() *Loader { return r.openWith(Options{}) }
+
+func (r *loaderRig) openWith(o Options) *Loader {
 	r.t.Helper()
 	var l *Loader
 	r.kit.MustDo("lb", func() (err error) {
-		l, err = Open(Config{Iface: "v0", Mode: ModeGeneric, PinRoot: r.pin}, zaptest.NewLogger(r.t))
+		l, err = Open(Config{Iface: "v0", Mode: ModeGeneric, PinRoot: r.pin, Tables: o}, zaptest.NewLogger(r.t))
 		return err
 	})
 	return l
@@ -107,6 +111,7 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	if err := fw.objs.BackendStats.Put(y, counted); err != nil {
 		t.Fatal(err)
 	}
+	genBefore := fw.slotGen(y)
 	edited := strings.Replace(loaderPoolsA, `{address: 10.9.1.2:80, mac: "02:00:00:00:00:02"}`, `{address: 10.9.1.9:80, mac: "02:00:00:00:00:09"}`, 1)
 	r.apply(l, edited)
 	slots = slotsOf(t, fw)
@@ -118,6 +123,9 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	}
 	if mac, flags := backendAt(t, fw, y); mac.String() != "02:00:00:00:00:09" || flags&backendAlive == 0 {
 		t.Fatalf("slot %d holds %s flags %d; want the newcomer, alive", y, mac, flags)
+	}
+	if g := fw.slotGen(y); g != genBefore+1 {
+		t.Fatalf("slot %d's generation is %d after it changed hands, want %d: the old backend's flows would follow it", y, g, genBefore+1)
 	}
 	if st, err := fw.Stats(); err != nil || st.Backends["a/10.9.1.9:80"].Packets != 0 {
 		t.Fatalf("the newcomer inherited counters: %+v %v", st.Backends, err)
@@ -171,6 +179,65 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	for n, s := range before {
 		if after[n] != s {
 			t.Fatalf("slots before the restart %v, after %v", before, after)
+		}
+	}
+}
+
+// The upgrade path: a loader that finds pinned maps it cannot adopt (an older layout, or a
+// connection table of another size) starts those afresh, keeps the rest, and forwards.
+func TestLoaderReplacesPinnedMapsThatDoNotFit(t *testing.T) {
+	r := newLoaderRig(t)
+	dir := filepath.Join(r.pin, "v0")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The previous release's layout: 8-byte entries, 12-byte backends.
+	for name, spec := range map[string]*ebpf.MapSpec{
+		"conns":    {Type: ebpf.LRUHash, KeySize: 40, ValueSize: 8, MaxEntries: 1 << 20},
+		"backends": {Type: ebpf.Array, KeySize: 4, ValueSize: 12, MaxEntries: MaxBackends},
+	} {
+		m, err := ebpf.NewMap(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	l := r.openWith(Options{ConnTableSize: 4096})
+	r.apply(l, loaderPoolsA)
+	if info, err := l.Tables().objs.Conns.Info(); err != nil || info.ValueSize != 24 || info.MaxEntries != 4096 {
+		t.Fatalf("connection table after the upgrade: %+v, %v; want 24-byte entries, 4096 of them", info, err)
+	}
+	slots := slotsOf(t, l.Tables())
+	l.Close()
+	// A larger table on the next start: replaced again; names, and so slots, kept.
+	l2 := r.openWith(Options{ConnTableSize: 8192})
+	defer func() {
+		l2.Close()
+		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
+			t.Error(err)
+		}
+	}()
+	if info, err := l2.Tables().objs.Conns.Info(); err != nil || info.MaxEntries != 8192 {
+		t.Fatalf("connection table after a resize: %+v, %v", info, err)
+	}
+	pinned, err := ebpf.LoadPinnedMap(filepath.Join(dir, "conns"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	if info, _ := pinned.Info(); info.MaxEntries != 8192 {
+		t.Fatalf("the pinned connection table has %d entries, want the new 8192", info.MaxEntries)
+	}
+	r.apply(l2, loaderPoolsA)
+	if after := slotsOf(t, l2.Tables()); len(after) != len(slots) {
+		t.Fatalf("slots %v before, %v after", slots, after)
+	}
+	for n, s := range slots {
+		if after := slotsOf(t, l2.Tables()); after[n] != s {
+			t.Fatalf("slots %v before, %v after", slots, after)
 		}
 	}
 }

@@ -119,30 +119,47 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		if newIndex(l.vipIDs, s.Name, id) {
 			put("zeroing the counters of VIP "+s.Name, l.fw.zeroCounter(l.fw.objs.VipStats, id))
 		}
-		var hosts []chash.Host
-		var hostSlots []uint32
+		// New flows go to the backends that may take them; when every one of those is
+		// down, to all of them (fail open, counted as panic: nothing re-picks then).
+		var hosts, downHosts []chash.Host
+		var hostSlots, downSlots []uint32
 		for _, p := range plan[s.Name] {
 			down := l.unhealthyLocked(s, p.key, p.b)
 			bn, _ := toName(p.key)
 			put("naming backend "+p.key, l.fw.objs.BackendNames.Put(p.slot, bn))
+			gen := l.fw.slotGen(p.slot)
 			if newIndex(l.slots, p.key, p.slot) {
+				// The slot changes hands: entries of its previous backend are misses.
+				gen++
 				put("zeroing the counters of "+p.key, l.fw.zeroCounter(l.fw.objs.BackendStats, p.slot))
 			}
-			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down}))
+			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down, Gen: gen}))
 			if p.b.ServerID != 0 {
 				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
 				serverIDs[lbServerKey{VipId: id, ServerId: uint32(p.b.ServerID)}] = p.slot
 			}
-			if p.b.Drain || s.ZoneDrained(p.b.Zone) || down {
+			if p.b.Drain || s.ZoneDrained(p.b.Zone) {
 				continue
 			}
-			hosts = append(hosts, chash.Host{ID: p.b.Identity(), Weight: p.b.Weight})
-			hostSlots = append(hostSlots, p.slot)
+			h := chash.Host{ID: p.b.Identity(), Weight: p.b.Weight}
+			if down {
+				downHosts, downSlots = append(downHosts, h), append(downSlots, p.slot)
+				continue
+			}
+			hosts, hostSlots = append(hosts, h), append(hostSlots, p.slot)
+		}
+		panicking := len(hosts) == 0 && len(downHosts) > 0
+		if panicking {
+			hosts, hostSlots = downHosts, downSlots
+			l.log.Warn("every backend of the service is down: new flows go to all of them (panic)", zap.String("service", s.Name))
 		}
 		vip, err := l.vipOf(s, id, hosts, hostSlots)
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if panicking {
+			vip.Flags |= FlagPanic
 		}
 		put("VIP "+s.Name, l.fw.SetVIP(vip))
 		vips = append(vips, vip)
@@ -153,7 +170,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	// newcomer took over in this same edit is the newcomer's now.
 	for key, slot := range l.slots {
 		if _, ok := slots[key]; !ok && !slotAlloc.used[slot] {
-			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false}))
+			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false, Gen: l.fw.slotGen(slot) + 1}))
 			put("unnaming backend "+key, l.fw.objs.BackendNames.Put(slot, lbName{}))
 		}
 		if _, ok := slots[key]; !ok {
@@ -176,9 +193,9 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlot
 	if s.Protocol == pools.ProtocolUDP {
 		proto = 17
 	}
-	size := s.Hash.TableSize
+	size := s.Hash.TableSize // validation keeps vip services' tables within MaxTableSize
 	if size == 0 || size > MaxTableSize {
-		size = MaxTableSize
+		return VIP{}, fmt.Errorf("service %s: table_size %d: want 1..%d", s.Name, size, MaxTableSize)
 	}
 	table := make([]uint32, size)
 	if len(hosts) == 0 {
@@ -194,7 +211,7 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlot
 			table[i] = hostSlots[h]
 		}
 	}
-	v := VIP{ID: id, Addr: vip, Proto: proto, Table: table}
+	v := VIP{ID: id, Addr: vip, Proto: proto, Table: table, IdleTimeout: s.IdleTimeout}
 	switch s.Affinity.Mode {
 	case pools.ModeSourceIP:
 		v.Flags = FlagSourceIP

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -17,12 +18,15 @@ import (
 const (
 	FlagSourceIP = 1
 	FlagQUIC     = 2
+	// FlagPanic: every backend of the VIP is down, so its table holds them all (fail open)
+	// and no flow re-picks for its backend being down.
+	FlagPanic = 4
 )
 
 // pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and
 // `stickylb xdp stats`.
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
-	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id"}
+	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused"}
 
 const numPaths = uint32(len(pathNames))
 
@@ -47,6 +51,62 @@ const maxName = len(lbName{}.S) - 1
 // emptySlot marks a table slot with no backend (an empty pool).
 const emptySlot = ^uint32(0)
 
+// Connection-table defaults (see Options).
+const (
+	DefaultConnTableSize = 1 << 20
+	// DefaultInsertCap is Katran's MAX_CONN_RATE: new entries a CPU may make per second.
+	DefaultInsertCap = 125000
+	// Idle timeouts of a VIP's flows when the VIP sets none, as IPVS's.
+	defaultTCPIdle = 900 * time.Second
+	defaultUDPIdle = 300 * time.Second
+)
+
+// Options size the connection table and its flood guard.
+type Options struct {
+	// ConnTableSize is the connection table's entries (0: DefaultConnTableSize). An
+	// established flow survives a flood as long as the inserts the cap lets through between
+	// two of its packets stay well below this.
+	ConnTableSize uint32
+	// InsertCap is the new entries each CPU may make per second (0: DefaultInsertCap;
+	// negative: no cap). Above it a new flow is forwarded by the table, not remembered.
+	InsertCap int
+}
+
+func (o Options) tableSize() uint32 {
+	if o.ConnTableSize == 0 {
+		return DefaultConnTableSize
+	}
+	return o.ConnTableSize
+}
+
+func (o Options) insertCap() uint32 {
+	switch {
+	case o.InsertCap == 0:
+		return DefaultInsertCap
+	case o.InsertCap < 0:
+		return 0 // the program's "no cap"
+	}
+	return uint32(o.InsertCap)
+}
+
+// spec is the forwarder's object with o applied.
+func (o Options) spec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadLb()
+	if err != nil {
+		return nil, fmt.Errorf("reading the forwarder's object: %w", err)
+	}
+	spec.Maps["conns"].MaxEntries = o.tableSize()
+	return spec, nil
+}
+
+// configure writes o into the loaded program's config map.
+func (f *Tables) configure(o Options) error {
+	if err := f.objs.Config.Put(uint32(0), lbLbConfig{InsertCap: o.insertCap()}); err != nil {
+		return fmt.Errorf("writing the forwarder's config: %w", err)
+	}
+	return nil
+}
+
 // Tables is the loaded forwarder program and the maps it reads: the loader writes VIPs,
 // Maglev tables and backends through it (bpf/lb.c does the forwarding), and reads its
 // counters.
@@ -54,15 +114,23 @@ type Tables struct {
 	objs lbObjects
 }
 
-// Load loads the program into the kernel (nothing attached yet).
-func Load() (*Tables, error) {
+// Load loads the program into the kernel with fresh maps (nothing attached or pinned).
+func Load(o Options) (*Tables, error) {
+	spec, err := o.spec()
+	if err != nil {
+		return nil, err
+	}
 	f := &Tables{}
-	if err := loadLbObjects(&f.objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&f.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("loading the XDP program: %+v", ve)
 		}
 		return nil, fmt.Errorf("loading the XDP program (needs root or CAP_BPF): %w", err)
+	}
+	if err := f.configure(o); err != nil {
+		f.Close()
+		return nil, err
 	}
 	return f, nil
 }
@@ -92,6 +160,9 @@ type VIP struct {
 	Proto     uint8 // 6 tcp, 17 udp
 	Flags     uint32
 	CIDLength uint32
+	// IdleTimeout is how long a flow may send nothing and keep its entry (0: 900 s for TCP,
+	// 300 s for UDP); whole seconds.
+	IdleTimeout time.Duration
 	// Table is the Maglev table: slot -> backend index (see SetBackend). Its length is the
 	// table size, a prime up to MaxTableSize.
 	Table []uint32
@@ -128,7 +199,15 @@ func (f *Tables) SetVIP(v VIP) error {
 	if err := f.objs.Maglev.Put(v.ID, inner); err != nil {
 		return fmt.Errorf("vip %s: installing its table: %w", v.Addr, err)
 	}
-	meta := lbVipMeta{Id: v.ID, Flags: v.Flags, TableSize: uint32(len(v.Table)), CidLen: v.CIDLength}
+	idle := v.IdleTimeout
+	if idle <= 0 {
+		idle = defaultTCPIdle
+		if v.Proto == 17 {
+			idle = defaultUDPIdle
+		}
+	}
+	meta := lbVipMeta{Id: v.ID, Flags: v.Flags, TableSize: uint32(len(v.Table)), CidLen: v.CIDLength,
+		IdleTimeout: uint32(max(idle/time.Second, 1))}
 	if err := f.objs.Vips.Put(v.key(true), meta); err != nil {
 		return fmt.Errorf("vip %s: %w", v.Addr, err)
 	}
@@ -143,9 +222,12 @@ type Backend struct {
 	MAC     net.HardwareAddr
 	Ifindex uint32 // 0: XDP_TX out of the interface the packet came in on
 	Alive   bool   // false: flows to it re-pick
-	// Down records the loader's health verdict; the program ignores it (a down backend is
-	// simply out of the tables), a restarted loader reads it back.
+	// Down records the health verdict: the backend is out of the tables (unless its VIP is
+	// in panic), its UDP flows re-pick; a restarted loader reads it back.
 	Down bool
+	// Gen is the slot's generation: a connection-table entry made for another generation
+	// (the slot's previous backend) is a miss.
+	Gen uint32
 }
 
 // SetBackend installs backend slot idx.
@@ -155,7 +237,7 @@ func (f *Tables) SetBackend(idx uint32, b Backend) error {
 		return fmt.Errorf("backend %d: MAC %q is not 6 bytes", idx, b.MAC)
 	}
 	copy(v.Mac[:], b.MAC)
-	v.Ifindex = b.Ifindex
+	v.Ifindex, v.Gen = b.Ifindex, b.Gen
 	if b.Alive {
 		v.Flags |= backendAlive
 	}
@@ -163,6 +245,15 @@ func (f *Tables) SetBackend(idx uint32, b Backend) error {
 		v.Flags |= backendDown
 	}
 	return f.objs.Backends.Put(idx, v)
+}
+
+// slotGen is slot idx's current generation (0 for a slot never written).
+func (f *Tables) slotGen(idx uint32) uint32 {
+	var b lbBackend
+	if err := f.objs.Backends.Lookup(idx, &b); err != nil {
+		return 0
+	}
+	return b.Gen
 }
 
 // PruneServerIDs removes every QUIC server_id mapping not in keep.

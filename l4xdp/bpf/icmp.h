@@ -23,5 +23,5 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct ethhdr *eth, st
 		return XDP_PASS;
 	}
 	count(&path_stats, PATH_ICMP_ERROR, len);
-	return route(ctx, eth, inf, vm, NULL, 0, len);
+	return route(ctx, eth, inf, vm, NULL, T_ICMP, len);
 }

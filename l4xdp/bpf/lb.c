@@ -3,7 +3,8 @@
 //
 // For a packet to a VIP: find the flow in the connection table, else pick a backend from the
 // VIP's Maglev table (built in Go by policies/chash) by a hash of the source address
-// (source_ip), the 5-tuple (none), or the QUIC connection ID (quic_cid); remember the flow;
+// (source_ip), the 5-tuple (none), or the QUIC connection ID (quic_cid); remember the flow
+// (within the per-CPU insert cap);
 // rewrite the MACs and send it back out (XDP_TX) or to the backend's interface. Everything
 // not for a VIP passes to the stack. Every other path (fragments, ICMP errors, malformed
 // headers) is counted in path_stats (enum lb_path in consts.h).
@@ -27,6 +28,9 @@
 #include "route.h"
 #include "icmp.h"
 
+/* fragment sends an IPv4 or IPv6 fragment (the first too: non-first ones carry no ports) by
+ * a hash of (source, destination, protocol) among the backends of its VIP address; for a
+ * source_ip VIP by the source alone, exactly as its unfragmented packets are hashed. */
 static __always_inline int fragment(struct xdp_md *ctx, struct ethhdr *eth, struct flow *f, __u64 len)
 {
 	struct vip_key ak = {.proto = f->proto};
@@ -39,13 +43,18 @@ static __always_inline int fragment(struct xdp_md *ctx, struct ethhdr *eth, stru
 	count(&path_stats, PATH_FRAGMENT, len);
 	f->sport = 0;
 	f->dport = 0;
-	struct flow hf = *f; /* (src, dst, proto) only */
-	int b = pick(vm, hash_flow(&hf, 0));
-	if (b < 0) {
+	int p = pick(vm, hash_flow(f, vm->flags & F_SRC_IP));
+	if (p < 0) {
 		count(&path_stats, PATH_NO_BACKEND, len);
 		return XDP_DROP;
 	}
-	return forward(ctx, eth, b, vm->id, len);
+	__u32 bidx = p;
+	struct backend *b = bpf_map_lookup_elem(&backends, &bidx);
+	if (!b || !(b->flags & B_ALIVE)) {
+		count(&path_stats, PATH_NO_BACKEND, len);
+		return XDP_DROP;
+	}
+	return forward(ctx, eth, b, bidx, vm->id, len);
 }
 
 static __always_inline int vip_lookup_and_route(struct xdp_md *ctx, struct ethhdr *eth, struct flow *f, void *l4p,

@@ -43,7 +43,8 @@ struct {
 	__type(value, struct backend);
 } backends SEC(".maps");
 
-/* Shared by every CPU: veth delivers a flow's packets on whichever CPU sent them. */
+/* Shared by every CPU: veth delivers a flow's packets on whichever CPU sent them. Its size is
+ * the loader's --conn-table-size (this is the default). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 1 << 20);
@@ -92,6 +93,20 @@ struct {
 	__type(key, __u32);
 	__type(value, struct counter);
 } backend_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_config);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct insert_budget);
+} insert_budget SEC(".maps");
 
 static __always_inline void count(void *map, __u32 idx, __u64 bytes)
 {

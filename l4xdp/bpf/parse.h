@@ -43,6 +43,7 @@ static __always_inline void v4_mapped(__u8 *dst, __be32 addr)
 
 #define T_RST 1 /* TCP RST: forwarded, flow forgotten */
 #define T_SYN 2 /* TCP SYN without ACK: a new connection */
+#define T_ICMP 4 /* an ICMP error about the flow: routed, never inserted, no refresh */
 
 /* l4 fills the flow's ports from a TCP or UDP header at l4; returns the payload, or NULL
  * when the header is truncated. */

@@ -17,6 +17,7 @@ struct vip_meta {
 	enum vip_flags flags;
 	__u32 table_size;
 	__u32 cid_len;
+	__u32 idle_timeout; /* seconds a flow of this VIP may send nothing and keep its entry */
 };
 
 struct backend {
@@ -24,6 +25,7 @@ struct backend {
 	__u16 pad;
 	enum backend_flags flags;
 	__u32 ifindex; /* 0: XDP_TX out of the ingress interface */
+	__u32 gen;     /* bumped by the loader each time the slot changes hands */
 };
 
 struct flow {
@@ -35,9 +37,29 @@ struct flow {
 	__u8 pad[3];
 };
 
+/* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
+ * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
+ * re-picks). Room for what connection counting and NAT need: the flags, and NAT state kept
+ * in a map of its own. */
 struct conn {
-	__u32 backend;
+	__u32 backend;         /* slot */
+	__u32 gen;             /* the slot's generation when the flow was pinned to it */
 	__u32 vip_id;
+	enum conn_flags flags;
+	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of a recent packet (refreshed at most
+				* once a second: a write dirties a line every CPU reads) */
+};
+
+/* Written by the loader at start-up (not pinned: each loader writes its own flags). */
+struct lb_config {
+	__u32 insert_cap; /* connection-table inserts a CPU may make per second; 0: no cap */
+	__u32 pad;
+};
+
+/* A CPU's insert budget: inserts made in the current one-second window. */
+struct insert_budget {
+	__u64 window;
+	__u64 used;
 };
 
 struct server_key {

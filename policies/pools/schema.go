@@ -10,7 +10,7 @@ import (
 // The known fields of each mapping, in the order DESIGN.md lists them.
 var (
 	fileFields        = []string{"services"}
-	serviceFields     = []string{"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"}
+	serviceFields     = []string{"name", "protocol", "listen", "vip", "idle_timeout", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"}
 	affinityFields    = []string{"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"}
 	cookieFields      = []string{"name", "path"}
 	appCookieFields   = []string{"name", "mode"}
@@ -149,6 +149,16 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 			fail("vip")
 		} else {
 			s.VIP = v
+		}
+	}
+	if f, ok := fs["idle_timeout"]; ok {
+		if v, ok := d.duration(f); !ok {
+			fail("idle_timeout")
+		} else if v < 1e9 {
+			d.errorf(f.val, "idle_timeout %s: want at least 1s (the XDP connection table keeps an idle flow this long)", v)
+			fail("idle_timeout")
+		} else {
+			s.IdleTimeout = v
 		}
 	}
 	if f, ok := fs["affinity"]; ok {

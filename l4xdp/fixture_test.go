@@ -49,7 +49,7 @@ func setup(t testing.TB) *fixture { return setupWith(t, Options{}) }
 // 4 vip6:53 UDP 5-tuple.
 func setupWith(t testing.TB, o Options) *fixture {
 	netnstest.NeedRoot(t)
-	f, err := Load(o)
+	f, err := loadTables(o)
 	if err != nil {
 		t.Fatal(err)
 	}

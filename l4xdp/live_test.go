@@ -84,7 +84,7 @@ func newLiveTopo(tb testing.TB) *liveTopo {
 			}
 		}
 	}
-	f, err := Load(Options{})
+	f, err := loadTables(Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}

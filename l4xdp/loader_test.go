@@ -241,3 +241,93 @@ func TestLoaderReplacesPinnedMapsThatDoNotFit(t *testing.T) {
 		}
 	}
 }
+
+const loaderPoolsChecked = `services:
+  - name: a
+    protocol: udp
+    vip: 10.9.0.1:53
+    balance: maglev
+    health_check: {protocol: tcp, port: 53, interval: 5m, timeout: 1s}
+    backends:
+      - {address: 10.9.1.1:53, mac: "02:00:00:00:00:01"}
+      - {address: 10.9.1.2:53, mac: "02:00:00:00:00:02"}
+`
+
+// vipTable reads VIP id's flags and the backend slots its Maglev table holds.
+func vipTable(t *testing.T, f *Tables, id uint32) (uint32, map[uint32]bool) {
+	t.Helper()
+	var k lbVipKey
+	var meta lbVipMeta
+	flags := uint32(0)
+	it := f.objs.Vips.Iterate()
+	for it.Next(&k, &meta) {
+		if meta.Id == id {
+			flags = meta.Flags
+		}
+	}
+	var innerID ebpf.MapID
+	if err := f.objs.Maglev.Lookup(id, &innerID); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := ebpf.NewMapFromID(innerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	slots := map[uint32]bool{}
+	for i := uint32(0); i < meta.TableSize; i++ {
+		var s uint32
+		if err := inner.Lookup(i, &s); err != nil {
+			t.Fatal(err)
+		}
+		slots[s] = true
+	}
+	return flags, slots
+}
+
+// markDown records slots as found down in the pinned state, as a loader whose checker saw
+// them fail leaves it; the next loader keeps them down until its own checker has a verdict
+// (the checks here run every 5 minutes, and need 3 failures).
+func markDown(t *testing.T, f *Tables, slots ...uint32) {
+	t.Helper()
+	for _, s := range slots {
+		var b lbBackend
+		if err := f.objs.Backends.Lookup(s, &b); err != nil {
+			t.Fatal(err)
+		}
+		b.Flags |= backendDown
+		if err := f.objs.Backends.Put(s, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// One backend down: out of the table, no panic. Every backend down: the table holds them
+// all (fail open) and the VIP is in panic, so its UDP flows do not re-pick.
+func TestLoaderPanicWhenEveryBackendIsDown(t *testing.T) {
+	r := newLoaderRig(t)
+	l := r.open()
+	r.apply(l, loaderPoolsChecked)
+	slots := slotsOf(t, l.Tables())
+	s1, s2 := slots["a/10.9.1.1:53"], slots["a/10.9.1.2:53"]
+	markDown(t, l.Tables(), s1)
+	l.Close()
+	l = r.open()
+	r.apply(l, loaderPoolsChecked)
+	if flags, table := vipTable(t, l.Tables(), 1); flags&FlagPanic != 0 || table[s1] || !table[s2] {
+		t.Fatalf("one backend down: VIP flags %d, table slots %v; want no panic, only slot %d", flags, table, s2)
+	}
+	markDown(t, l.Tables(), s2)
+	l.Close()
+	l = r.open()
+	defer func() {
+		l.Close()
+		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
+			t.Error(err)
+		}
+	}()
+	r.apply(l, loaderPoolsChecked)
+	if flags, table := vipTable(t, l.Tables(), 1); flags&FlagPanic == 0 || !table[s1] || !table[s2] {
+		t.Fatalf("every backend down: VIP flags %d, table slots %v; want panic over slots %d and %d", flags, table, s1, s2)
+	}
+}

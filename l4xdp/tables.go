@@ -114,8 +114,9 @@ type Tables struct {
 	objs lbObjects
 }
 
-// Load loads the program into the kernel with fresh maps (nothing attached or pinned).
-func Load(o Options) (*Tables, error) {
+// loadTables loads the program into the kernel with fresh maps, nothing attached or pinned
+// (the fixtures and benchmarks run it through BPF_PROG_RUN; a loader uses Open).
+func loadTables(o Options) (*Tables, error) {
 	spec, err := o.spec()
 	if err != nil {
 		return nil, err

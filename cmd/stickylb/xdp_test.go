@@ -112,3 +112,16 @@ func TestXDPUnresolvableMAC(t *testing.T) {
 		t.Fatalf("exit %d, output %q; want 1 and the backend named", code, out)
 	}
 }
+
+// The connection table's flags are checked before anything loads: a table of no entries, or
+// a negative insert cap, is a usage error.
+func TestXDPConnTableFlags(t *testing.T) {
+	p := write(t, "pools.yaml", xdpPools)
+	for _, args := range [][]string{{"--conn-table-size", "0"}, {"--conn-insert-cap", "-1"}} {
+		var stdout, stderr bytes.Buffer
+		code := xdpCmd(append([]string{"--pools", p, "--iface", "lo"}, args...), &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "--conn-table-size N") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and the usage", args, code, stderr.String())
+		}
+	}
+}

@@ -98,18 +98,20 @@ func TestXDPNoBPFPermission(t *testing.T) {
 // peer has no address, so nothing ever answers ARP.
 func TestXDPUnresolvableMAC(t *testing.T) {
 	kit := netnstest.New(t, "slmac")
-	bin := buildBinary(t)
 	kit.AddNS("lb")
 	kit.Veth("lb", "d0", "lb", "d1") // d1 has no address: it answers no ARP
 	kit.In("lb", "ip", "addr", "add", "10.200.0.1/24", "dev", "d0")
 	pin := kit.BPFFS()
-	ns := kit.Name("lb")
 	p := write(t, "pools.yaml", xdpPools)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	code, out := runBinary(t, exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic", "--pin-root", pin))
-	if code != 1 || !strings.Contains(out, "backend 10.200.0.77:80: no MAC in the neighbour table of d0; set mac: in the pools file") {
-		t.Fatalf("exit %d, output %q; want 1 and the backend named", code, out)
+	// In this process, on a thread in the namespace: no binary to build.
+	var out bytes.Buffer
+	code := 0
+	kit.MustDo("lb", func() error {
+		code = xdpCmd([]string{"--pools", p, "--iface", "d0", "--mode", "generic", "--pin-root", pin}, &out, &out)
+		return nil
+	})
+	if code != 1 || !strings.Contains(out.String(), "backend 10.200.0.77:80: no MAC in the neighbour table of d0; set mac: in the pools file") {
+		t.Fatalf("exit %d, output %q; want 1 and the backend named", code, out.String())
 	}
 }
 

@@ -1,12 +1,14 @@
 package l4xdp
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"go.uber.org/zap/zaptest"
@@ -242,17 +244,6 @@ func TestLoaderReplacesPinnedMapsThatDoNotFit(t *testing.T) {
 	}
 }
 
-const loaderPoolsChecked = `services:
-  - name: a
-    protocol: udp
-    vip: 10.9.0.1:53
-    balance: maglev
-    health_check: {protocol: tcp, port: 53, interval: 5m, timeout: 1s}
-    backends:
-      - {address: 10.9.1.1:53, mac: "02:00:00:00:00:01"}
-      - {address: 10.9.1.2:53, mac: "02:00:00:00:00:02"}
-`
-
 // vipTable reads VIP id's flags and the backend slots its Maglev table holds.
 func vipTable(t *testing.T, f *Tables, id uint32) (uint32, map[uint32]bool) {
 	t.Helper()
@@ -285,49 +276,62 @@ func vipTable(t *testing.T, f *Tables, id uint32) (uint32, map[uint32]bool) {
 	return flags, slots
 }
 
-// markDown records slots as found down in the pinned state, as a loader whose checker saw
-// them fail leaves it; the next loader keeps them down until its own checker has a verdict
-// (the checks here run every 5 minutes, and need 3 failures).
-func markDown(t *testing.T, f *Tables, slots ...uint32) {
+// eventually polls cond until it holds or within has passed.
+func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	for _, s := range slots {
-		var b lbBackend
-		if err := f.objs.Backends.Lookup(s, &b); err != nil {
-			t.Fatal(err)
+	deadline := time.Now().Add(within)
+	for {
+		ok, saw := cond()
+		if ok {
+			return
 		}
-		b.Flags |= backendDown
-		if err := f.objs.Backends.Put(s, b); err != nil {
-			t.Fatal(err)
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s; last saw %s", what, within, saw)
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
 // One backend down: out of the table, no panic. Every backend down: the table holds them
-// all (fail open) and the VIP is in panic, so its UDP flows do not re-pick.
+// all (fail open) and the VIP is in panic, so its UDP flows do not re-pick. The health
+// checks probe this process's loopback (the checker dials from the test's namespace):
+// 127.0.0.1 answers while the test listens, 127.0.0.2 never does.
 func TestLoaderPanicWhenEveryBackendIsDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
 	r := newLoaderRig(t)
 	l := r.open()
-	r.apply(l, loaderPoolsChecked)
-	slots := slotsOf(t, l.Tables())
-	s1, s2 := slots["a/10.9.1.1:53"], slots["a/10.9.1.2:53"]
-	markDown(t, l.Tables(), s1)
-	l.Close()
-	l = r.open()
-	r.apply(l, loaderPoolsChecked)
-	if flags, table := vipTable(t, l.Tables(), 1); flags&FlagPanic != 0 || table[s1] || !table[s2] {
-		t.Fatalf("one backend down: VIP flags %d, table slots %v; want no panic, only slot %d", flags, table, s2)
-	}
-	markDown(t, l.Tables(), s2)
-	l.Close()
-	l = r.open()
 	defer func() {
 		l.Close()
 		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
 			t.Error(err)
 		}
 	}()
-	r.apply(l, loaderPoolsChecked)
-	if flags, table := vipTable(t, l.Tables(), 1); flags&FlagPanic == 0 || !table[s1] || !table[s2] {
-		t.Fatalf("every backend down: VIP flags %d, table slots %v; want panic over slots %d and %d", flags, table, s1, s2)
-	}
+	r.apply(l, fmt.Sprintf(`services:
+  - name: a
+    protocol: udp
+    vip: 10.9.0.1:53
+    balance: maglev
+    health_check: {protocol: tcp, port: %d, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}
+    backends:
+      - {address: 127.0.0.1:53, mac: "02:00:00:00:00:01"}
+      - {address: 127.0.0.2:53, mac: "02:00:00:00:00:02"}
+`, port))
+	slots := slotsOf(t, l.Tables())
+	up, down := slots["a/127.0.0.1:53"], slots["a/127.0.0.2:53"]
+	// The first probe comes within interval/10, its verdict within the timeout after.
+	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "one backend down", func() (bool, string) {
+		flags, table := vipTable(t, l.Tables(), 1)
+		return flags&FlagPanic == 0 && table[up] && !table[down], fmt.Sprintf("flags %d, slots %v", flags, table)
+	})
+	ln.Close()
+	// unhealthy_threshold x interval + timeout, and 2 s of slack.
+	eventually(t, 1*time.Second+500*time.Millisecond+2*time.Second, "every backend down: panic over both", func() (bool, string) {
+		flags, table := vipTable(t, l.Tables(), 1)
+		return flags&FlagPanic != 0 && table[up] && table[down], fmt.Sprintf("flags %d, slots %v", flags, table)
+	})
 }

@@ -2,9 +2,6 @@ package integration
 
 import (
 	"bufio"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/stickylb/stickylb/internal/netnstest"
 )
 
 // The XDP forwarder end to end, in network namespaces made by the test: a client, the LB
@@ -29,27 +25,15 @@ import (
 // Needs root (CI runs as root).
 
 type topo struct {
-	t      *testing.T
-	prefix string
-	ns     map[string]netns.NsHandle
-	pinFS  string
+	t     *testing.T // fails on an error: the test, or the phase (subtest) running
+	root  *testing.T // owns what lasts the whole test: servers, connections, loaders
+	kit   *netnstest.Kit
+	pinFS string
 }
-
-func sh(t *testing.T, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func (tp *topo) name(s string) string { return tp.prefix + s }
 
 func (tp *topo) in(ns string, args ...string) string {
-	return sh(tp.t, append([]string{"ip", "netns", "exec", tp.name(ns)}, args...)...)
+	tp.t.Helper()
+	return tp.kit.For(tp.t).In(ns, args...)
 }
 
 var hosts = map[string]struct{ v4, v6 string }{
@@ -63,31 +47,18 @@ const (
 )
 
 func newTopo(t *testing.T) *topo {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces and XDP need root (CI runs as root)")
-	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	tp := &topo{t: t, prefix: "sl" + hex.EncodeToString(b), ns: map[string]netns.NsHandle{}}
-	t.Cleanup(tp.teardown)
-	sh(t, "ip", "netns", "add", tp.name("br"))
+	kit := netnstest.New(t, "sl")
+	tp := &topo{t: t, root: t, kit: kit}
+	kit.AddNS("br")
 	tp.in("br", "ip", "link", "add", "br0", "type", "bridge")
 	tp.in("br", "ip", "link", "set", "br0", "up")
 	tp.in("br", "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
 	for _, h := range []string{"cl", "lb", "b1", "b2", "b3"} {
-		sh(t, "ip", "netns", "add", tp.name(h))
-		peer := "v" + h // the bridge namespace is the test's own
-		tp.in("br", "ip", "link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", tp.name(h))
-		tp.in("br", "ip", "link", "set", peer, "master", "br0", "up")
-		tp.in(h, "ip", "link", "set", "lo", "up")
+		kit.AddNS(h)
+		kit.Veth("br", "v"+h, h, "eth0") // the bridge's side is named for the host
+		tp.in("br", "ip", "link", "set", "v"+h, "master", "br0")
 		tp.in(h, "ip", "addr", "add", hosts[h].v4+"/24", "dev", "eth0")
 		tp.in(h, "ip", "addr", "add", hosts[h].v6+"/64", "dev", "eth0", "nodad")
-		tp.in(h, "ip", "link", "set", "eth0", "up")
-		ns, err := netns.GetFromName(tp.name(h))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tp.ns[h] = ns
 		if strings.HasPrefix(h, "b") {
 			tp.in(h, "ip", "addr", "add", vip4+"/32", "dev", "lo")
 			tp.in(h, "ip", "addr", "add", vip6+"/128", "dev", "lo", "nodad")
@@ -96,50 +67,40 @@ func newTopo(t *testing.T) *topo {
 		}
 	}
 	// The client reaches the VIP through the LB; frames it sends carry partial checksums,
-	// which an XDP forwarder passes on unfilled (docs/xdp.md): TX checksum offload off.
+	// which an XDP forwarder passes on unfilled: TX checksum offload off.
 	tp.in("cl", "ip", "route", "add", vip4+"/32", "via", hosts["lb"].v4)
 	tp.in("cl", "ip", "-6", "route", "add", vip6+"/128", "via", hosts["lb"].v6)
 	tp.in("cl", "ethtool", "-K", "eth0", "tx", "off")
-	// XDP_TX out of a veth delivers only when its peer runs an XDP program.
-	// A bpffs of the test's own (ip netns exec remounts /sys, hiding /sys/fs/bpf), unmounted
-	// and removed in teardown.
-	dir, err := os.MkdirTemp("", tp.prefix+"-bpffs-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp.pinFS = dir
-	sh(t, "mount", "-t", "bpf", "bpf", tp.pinFS)
+	tp.pinFS = kit.BPFFS()
 	return tp
 }
 
-func (tp *topo) teardown() {
-	for _, ns := range tp.ns {
-		ns.Close()
+// phase runs one phase of a test as a subtest (its failures are its own) and stops the test
+// after a failed phase: the later ones build on it.
+func (tp *topo) phase(name string, fn func(t *testing.T)) {
+	root := tp.t
+	if !root.Run(name, func(t *testing.T) {
+		tp.t = t
+		defer func() { tp.t = root }()
+		fn(t)
+	}) {
+		root.FailNow()
 	}
-	for _, h := range []string{"cl", "lb", "b1", "b2", "b3", "br"} {
-		exec.Command("ip", "netns", "del", tp.name(h)).Run()
-	}
-	if tp.pinFS != "" {
-		exec.Command("umount", tp.pinFS).Run()
-		os.Remove(tp.pinFS)
+}
+
+// writeFile writes a pools file, failing the phase if it cannot.
+func (tp *topo) writeFile(path, content string) {
+	tp.t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		tp.t.Fatal(err)
 	}
 }
 
 // inNS runs fn with the calling goroutine's thread in namespace h: sockets it creates stay
 // there.
 func (tp *topo) inNS(h string, fn func()) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		tp.t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := netns.Set(tp.ns[h]); err != nil {
-		tp.t.Fatal(err)
-	}
-	defer netns.Set(orig)
-	fn()
+	tp.t.Helper()
+	tp.kit.For(tp.t).MustDo(h, func() error { fn(); return nil })
 }
 
 // get fetches path over HTTP/1.0 from addr inside namespace h (the socket is made on a
@@ -226,7 +187,7 @@ func (tp *topo) serve(h string, ports ...int) *echoServer {
 			}
 		}(ln)
 	}
-	tp.t.Cleanup(s.kill)
+	tp.root.Cleanup(s.kill)
 	return s
 }
 
@@ -240,7 +201,7 @@ func (tp *topo) serveUDP(h string) {
 			tp.t.Fatal(err)
 		}
 	})
-	tp.t.Cleanup(func() { pc.Close() })
+	tp.root.Cleanup(func() { pc.Close() })
 	go func() {
 		buf := make([]byte, 1500)
 		for {
@@ -285,7 +246,7 @@ func (tp *topo) dial(addr string) (*vconn, error) {
 		c.Close()
 		return nil, fmt.Errorf("reading the backend's name: %w", err)
 	}
-	tp.t.Cleanup(func() { c.Close() })
+	tp.root.Cleanup(func() { c.Close() })
 	return &vconn{c: c, r: r, backend: strings.TrimSpace(name)}, nil
 }
 
@@ -325,7 +286,7 @@ type loaderProc struct {
 // startLoader runs `stickylb xdp` in the LB namespace and waits for "ready".
 func (tp *topo) startLoader(bin, poolsFile string, extra ...string) *loaderProc {
 	t := tp.t
-	args := append([]string{"netns", "exec", tp.name("lb"), bin, "xdp", "--pools", poolsFile, "--iface", "eth0",
+	args := append([]string{"netns", "exec", tp.kit.Name("lb"), bin, "xdp", "--pools", poolsFile, "--iface", "eth0",
 		"--mode", "native", "--pin-root", tp.pinFS, "--poll", "100ms"}, extra...)
 	cmd := exec.Command("ip", args...)
 	stdout, _ := cmd.StdoutPipe()
@@ -344,9 +305,9 @@ func (tp *topo) startLoader(bin, poolsFile string, extra ...string) *loaderProc 
 		}
 	}()
 	go func() { cmd.Wait(); close(lp.done) }()
-	t.Cleanup(func() {
+	tp.root.Cleanup(func() {
 		lp.stop()
-		if t.Failed() {
+		if tp.root.Failed() {
 			t.Logf("loader log:\n%s", lp.String())
 		}
 	})
@@ -431,223 +392,268 @@ func readCounter(tp *topo, h, what string) int64 {
 	return v
 }
 
+// TestXDPEndToEnd runs the forwarder through the life of a deployment, one phase after
+// another (each a subtest; a failed phase stops the rest, which build on it).
 func TestXDPEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end to end in namespaces: skipped under -short")
+	}
 	tp := newTopo(t)
 	bin := buildStickylb(t)
-	if got := tp.in("lb", "sysctl", "-n", "net.ipv4.ip_forward"); got != "0" {
-		t.Fatalf("the LB forwards (ip_forward=%s); DR must not rely on it", got)
-	}
-	if out := tp.in("lb", "ip", "addr"); strings.Contains(out, vip4) || strings.Contains(out, vip6) {
-		t.Fatalf("the LB holds the VIP:\n%s", out)
-	}
-	tp.in("br", bin, "xdp", "pass", "--iface", "vlb", "--pin-root", tp.pinFS)
-	servers := map[string]*echoServer{}
-	for _, h := range []string{"b1", "b2", "b3"} {
-		servers[h] = tp.serve(h, 80, 81)
-		tp.serveUDP(h)
-	}
 	poolsFile := filepath.Join(t.TempDir(), "pools.yaml")
-	os.WriteFile(poolsFile, []byte(poolsXDP("b1", "b2")), 0o644)
-	lp := tp.startLoader(bin, poolsFile)
-
-	// 5-tuple spreads; every connection works.
+	servers := map[string]*echoServer{}
+	var lp, lp2 *loaderProc
 	var conns []*vconn
-	seen := map[string]int{}
-	for i := 0; i < 30; i++ {
-		c, err := tp.dial(vip4 + ":80")
-		if err != nil {
-			t.Fatalf("connection %d through XDP: %v\nloader:\n%s", i, err, lp.String())
-		}
-		conns = append(conns, c)
-		seen[c.backend]++
-	}
-	if len(seen) != 2 {
-		t.Fatalf("30 connections reached %v; 5-tuple hashing should use both backends", seen)
-	}
-	// source_ip keeps the client on one backend.
-	sticky := map[string]int{}
-	for i := 0; i < 10; i++ {
-		c, err := tp.dial(vip4 + ":81")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sticky[c.backend]++
-	}
-	if len(sticky) != 1 {
-		t.Fatalf("source_ip: one client reached %v", sticky)
-	}
-	// IPv6.
-	for i := 0; i < 5; i++ {
-		if _, err := tp.dial("[" + vip6 + "]:80"); err != nil {
-			t.Fatalf("IPv6 through XDP: %v", err)
-		}
-	}
-	// UDP, 5-tuple: each client socket stays on one backend, the sockets spread, and the
-	// replies come from the VIP (a connected socket takes no others).
-	udpSeen := map[string]int{}
-	for i := 0; i < 20; i++ {
-		var c net.Conn
-		var err error
-		tp.inNS("cl", func() { c, err = net.Dial("udp", vip4+":53") })
-		if err != nil {
-			t.Fatal(err)
-		}
-		first := ""
-		for j := 0; j < 3; j++ {
-			c.SetDeadline(time.Now().Add(3 * time.Second))
-			msg := fmt.Sprintf("q%d-%d", i, j)
-			buf := make([]byte, 100)
-			c.Write([]byte(msg))
-			n, err := c.Read(buf)
-			if err != nil {
-				t.Fatalf("UDP socket %d, datagram %d through XDP: %v\nstats: %s", i, j, err, tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS))
-			}
-			name, echoed, _ := strings.Cut(string(buf[:n]), " ")
-			if echoed != msg {
-				t.Fatalf("UDP reply %q to %q", buf[:n], msg)
-			}
-			if first == "" {
-				first = name
-			} else if name != first {
-				t.Fatalf("UDP socket %d moved from %s to %s", i, first, name)
-			}
-		}
-		c.Close()
-		udpSeen[first]++
-	}
-	if len(udpSeen) != 2 {
-		t.Fatalf("20 UDP sockets reached %v; 5-tuple hashing should use both backends", udpSeen)
-	}
-	// Replies bypass the LB: a 1 MiB download from a backend adds little to what the LB
-	// receives (only the client's ACKs pass it).
-	rx0 := readCounter(tp, "lb", "rx_bytes")
-	io.WriteString(conns[0].c, "big\n")
-	conns[0].c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(conns[0].r, make([]byte, 1<<20)); err != nil {
-		t.Fatal(err)
-	}
-	if d := readCounter(tp, "lb", "rx_bytes") - rx0; d > 1<<18 {
-		t.Fatalf("the LB received %d bytes during a 1 MiB download: replies went through it", d)
-	} else {
-		t.Logf("1 MiB download: the LB saw %d bytes (client ACKs)", d)
-	}
-	echoAll := func(when string, skip string) {
+	echoAll := func(t *testing.T, skip string) {
+		t.Helper()
 		for i, c := range conns {
 			if c.backend == skip {
 				continue
 			}
 			if err := c.echo(); err != nil {
-				t.Fatalf("%s: connection %d to %s broke: %v", when, i, c.backend, err)
+				t.Fatalf("connection %d to %s broke: %v", i, c.backend, err)
 			}
 		}
 	}
-	// A backend added mid-stream breaks no established connection and takes new ones.
-	os.WriteFile(poolsFile, []byte(poolsXDP("b1", "b2", "b3")), 0o644)
-	waitFor(t, 5*time.Second, "b3 takes new connections", func() (bool, string) {
-		c, err := tp.dial(vip4 + ":80")
-		if err != nil {
-			return false, err.Error()
+
+	tp.phase("start", func(t *testing.T) {
+		if got := tp.in("lb", "sysctl", "-n", "net.ipv4.ip_forward"); got != "0" {
+			t.Fatalf("the LB forwards (ip_forward=%s); DR must not rely on it", got)
 		}
-		if c.backend == "b3" { // kept: its backend slot must survive the loader restart below
+		if out := tp.in("lb", "ip", "addr"); strings.Contains(out, vip4) || strings.Contains(out, vip6) {
+			t.Fatalf("the LB holds the VIP:\n%s", out)
+		}
+		// XDP_TX out of a veth delivers only when its peer runs an XDP program.
+		tp.in("br", bin, "xdp", "pass", "--iface", "vlb", "--pin-root", tp.pinFS)
+		for _, h := range []string{"b1", "b2", "b3"} {
+			servers[h] = tp.serve(h, 80, 81)
+			tp.serveUDP(h)
+		}
+		tp.writeFile(poolsFile, poolsXDP("b1", "b2"))
+		lp = tp.startLoader(bin, poolsFile)
+	})
+
+	tp.phase("tcp 5-tuple spreads", func(t *testing.T) {
+		seen := map[string]int{}
+		for i := 0; i < 30; i++ {
+			c, err := tp.dial(vip4 + ":80")
+			if err != nil {
+				t.Fatalf("connection %d through XDP: %v\nloader:\n%s", i, err, lp.String())
+			}
+			conns = append(conns, c)
+			seen[c.backend]++
+		}
+		if len(seen) != 2 {
+			t.Fatalf("30 connections reached %v; 5-tuple hashing should use both backends", seen)
+		}
+	})
+
+	tp.phase("source_ip keeps a client on one backend", func(t *testing.T) {
+		sticky := map[string]int{}
+		for i := 0; i < 10; i++ {
+			c, err := tp.dial(vip4 + ":81")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sticky[c.backend]++
+		}
+		if len(sticky) != 1 {
+			t.Fatalf("source_ip: one client reached %v", sticky)
+		}
+	})
+
+	tp.phase("ipv6", func(t *testing.T) {
+		for i := 0; i < 5; i++ {
+			if _, err := tp.dial("[" + vip6 + "]:80"); err != nil {
+				t.Fatalf("IPv6 through XDP: %v", err)
+			}
+		}
+	})
+
+	// Each client socket stays on one backend, the sockets spread, and the replies come
+	// from the VIP (a connected socket takes no others).
+	tp.phase("udp 5-tuple", func(t *testing.T) {
+		udpSeen := map[string]int{}
+		for i := 0; i < 20; i++ {
+			var c net.Conn
+			var err error
+			tp.inNS("cl", func() { c, err = net.Dial("udp", vip4+":53") })
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := ""
+			for j := 0; j < 3; j++ {
+				c.SetDeadline(time.Now().Add(3 * time.Second))
+				msg := fmt.Sprintf("q%d-%d", i, j)
+				buf := make([]byte, 100)
+				if _, err := c.Write([]byte(msg)); err != nil {
+					t.Fatal(err)
+				}
+				n, err := c.Read(buf)
+				if err != nil {
+					t.Fatalf("UDP socket %d, datagram %d through XDP: %v\nstats: %s", i, j, err, tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS))
+				}
+				name, echoed, _ := strings.Cut(string(buf[:n]), " ")
+				if echoed != msg {
+					t.Fatalf("UDP reply %q to %q", buf[:n], msg)
+				}
+				if first == "" {
+					first = name
+				} else if name != first {
+					t.Fatalf("UDP socket %d moved from %s to %s", i, first, name)
+				}
+			}
+			c.Close()
+			udpSeen[first]++
+		}
+		if len(udpSeen) != 2 {
+			t.Fatalf("20 UDP sockets reached %v; 5-tuple hashing should use both backends", udpSeen)
+		}
+	})
+
+	// A 1 MiB download from a backend adds little to what the LB receives (only the
+	// client's ACKs pass it).
+	tp.phase("replies bypass the LB", func(t *testing.T) {
+		rx0 := readCounter(tp, "lb", "rx_bytes")
+		if _, err := io.WriteString(conns[0].c, "big\n"); err != nil {
+			t.Fatal(err)
+		}
+		conns[0].c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(conns[0].r, make([]byte, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		if d := readCounter(tp, "lb", "rx_bytes") - rx0; d > 1<<18 {
+			t.Fatalf("the LB received %d bytes during a 1 MiB download: replies went through it", d)
+		} else {
+			t.Logf("1 MiB download: the LB saw %d bytes (client ACKs)", d)
+		}
+	})
+
+	tp.phase("a backend added mid-stream", func(t *testing.T) {
+		tp.writeFile(poolsFile, poolsXDP("b1", "b2", "b3"))
+		waitFor(t, 5*time.Second, "b3 takes new connections", func() (bool, string) {
+			c, err := tp.dial(vip4 + ":80")
+			if err != nil {
+				return false, err.Error()
+			}
+			if c.backend == "b3" { // kept: its backend slot must survive the loader restart below
+				conns = append(conns, c)
+			}
+			return c.backend == "b3", c.backend
+		})
+		echoAll(t, "")
+	})
+
+	// A killed backend drops out within interval x unhealthy_threshold + timeout (1s x 1 +
+	// 0.5s) plus 2s of slack; connections to the others survive.
+	tp.phase("a backend killed", func(t *testing.T) {
+		killed := time.Now()
+		servers["b1"].kill()
+		took := time.Duration(0)
+		// A round passes only if 48 new connections in a row miss b1: while b1 is still in
+		// the table that happens by luck with probability (2/3)^48, under 1e-8.
+		waitFor(t, 3500*time.Millisecond, "b1 out of the tables", func() (bool, string) {
+			if ok, saw := tp.noneReach("b1", 48); !ok {
+				return false, saw
+			}
+			took = time.Since(killed)
+			return true, ""
+		})
+		t.Logf("killed backend out of new flows after %s", took.Round(time.Millisecond))
+		echoAll(t, "b1")
+	})
+
+	// SIGTERM leaves the program forwarding; a new loader adopts the maps.
+	tp.phase("loader restart", func(t *testing.T) {
+		lp.stop()
+		echoAll(t, "b1")
+		lp2 = tp.startLoader(bin, poolsFile, "--metrics", "127.0.0.1:9901")
+		echoAll(t, "b1")
+		// The new loader read b1's last verdict (down) from the pinned state: no new flow goes
+		// to b1 while its own checker has none yet, so every connection succeeds at once.
+		for i := 0; i < 12; i++ {
+			c, err := tp.dial(vip4 + ":80")
+			if err != nil {
+				t.Fatalf("new connection %d right after the restart: %v", i, err)
+			}
 			conns = append(conns, c)
 		}
-		return c.backend == "b3", c.backend
 	})
-	echoAll("after adding b3", "")
-	// A killed backend drops out within interval x unhealthy_threshold + timeout
-	// (1s x 1 + 0.5s) plus 2s of slack; connections to the others survive.
-	killed := time.Now()
-	servers["b1"].kill()
-	took := time.Duration(0)
-	// A round passes only if 48 new connections in a row miss b1: while b1 is still in the
-	// table that happens by luck with probability (2/3)^48, under 1e-8.
-	waitFor(t, 3500*time.Millisecond, "b1 out of the tables", func() (bool, string) {
-		if ok, saw := tp.noneReach("b1", 48); !ok {
-			return false, saw
+
+	tp.phase("counters in stats and metrics", func(t *testing.T) {
+		var st struct {
+			Paths, VIPs, Backends map[string]struct{ Packets, Bytes uint64 }
 		}
-		took = time.Since(killed)
-		return true, ""
-	})
-	t.Logf("killed backend out of new flows after %s", took.Round(time.Millisecond))
-	echoAll("after killing b1", "b1")
-	// A loader restart breaks nothing: SIGTERM leaves the program forwarding.
-	lp.stop()
-	echoAll("with no loader running", "b1")
-	lp2 := tp.startLoader(bin, poolsFile, "--metrics", "127.0.0.1:9901")
-	echoAll("after the new loader adopted the maps", "b1")
-	// The new loader read b1's last verdict (down) from the pinned state: no new flow goes
-	// to b1 while its own checker has none yet, so every connection succeeds at once.
-	for i := 0; i < 12; i++ {
-		c, err := tp.dial(vip4 + ":80")
-		if err != nil {
-			t.Fatalf("new connection %d right after the restart: %v", i, err)
+		stats := tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS)
+		if err := json.Unmarshal([]byte(stats), &st); err != nil {
+			t.Fatalf("stats: %v\n%s", err, stats)
 		}
-		conns = append(conns, c)
-	}
-	// Counters by VIP and by backend, from the pinned maps and as metrics.
-	var st struct {
-		Paths, VIPs, Backends map[string]struct{ Packets, Bytes uint64 }
-	}
-	stats := tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS)
-	if err := json.Unmarshal([]byte(stats), &st); err != nil {
-		t.Fatalf("stats: %v\n%s", err, stats)
-	}
-	for what, c := range map[string]uint64{"paths conn_hit": st.Paths["conn_hit"].Packets, "paths conn_miss": st.Paths["conn_miss"].Packets,
-		"vips spread": st.VIPs["spread"].Packets, "vips dgram": st.VIPs["dgram"].Packets, "vips spread6": st.VIPs["spread6"].Packets, "vips sticky bytes": st.VIPs["sticky"].Bytes,
-		"backends spread/b3": st.Backends["spread/"+hosts["b3"].v4+":80"].Packets} {
-		if c == 0 {
-			t.Errorf("stats: %s is 0:\n%s", what, stats)
+		for what, c := range map[string]uint64{"paths conn_hit": st.Paths["conn_hit"].Packets, "paths conn_miss": st.Paths["conn_miss"].Packets,
+			"vips spread": st.VIPs["spread"].Packets, "vips dgram": st.VIPs["dgram"].Packets, "vips spread6": st.VIPs["spread6"].Packets, "vips sticky bytes": st.VIPs["sticky"].Bytes,
+			"backends spread/b3": st.Backends["spread/"+hosts["b3"].v4+":80"].Packets} {
+			if c == 0 {
+				t.Errorf("stats: %s is 0:\n%s", what, stats)
+			}
 		}
-	}
-	metrics := tp.get("lb", "127.0.0.1:9901", "/metrics")
-	for _, m := range []string{`stickylb_xdp_vip_packets_total{service="spread"}`, `stickylb_xdp_backend_bytes_total{backend="` + hosts["b2"].v4 + `:80",service="spread"}`,
-		`stickylb_xdp_conn_table_lookups_total{result="hit"}`, `stickylb_xdp_packets_total{path="forward"}`} {
-		if !strings.Contains(metrics, m) {
-			t.Errorf("metrics lack %s:\n%s", m, metrics)
-		}
-	}
-	// A bad edit is reported and changes nothing.
-	os.WriteFile(poolsFile, []byte("services:\n  - name: spread\n    protocol: tcp\n    vip: nonsense\n"), 0o644)
-	waitFor(t, 5*time.Second, "the bad edit logged", func() (bool, string) {
-		return strings.Contains(lp2.String(), "invalid pools file edit"), ""
-	})
-	echoAll("after a bad edit", "b1")
-	// Draining b2: its connections carry on, new ones go elsewhere.
-	drained := strings.Replace(poolsXDP("b1", "b2", "b3"), fmt.Sprintf("{address: %q}", hosts["b2"].v4+":80"), fmt.Sprintf("{address: %q, drain: true}", hosts["b2"].v4+":80"), 1)
-	os.WriteFile(poolsFile, []byte(drained), 0o644)
-	waitFor(t, 5*time.Second, "no new connection to the drained b2", func() (bool, string) {
-		return tp.noneReach("b2", 32) // missing b2 by luck while it is in the table: 2^-32
-	})
-	drainedConns := 0
-	for _, c := range conns {
-		if c.backend == "b2" {
-			drainedConns++
-		}
-	}
-	if drainedConns == 0 {
-		t.Fatal("no connection to b2 to watch through the drain")
-	}
-	echoAll("with b2 draining", "b1")
-	// A VIP that leaves the file stops being forwarded; the others carry on.
-	os.WriteFile(poolsFile, []byte(poolsXDPServices([]string{"spread", "spread6"}, "b1", "b2", "b3")), 0o644)
-	waitFor(t, 5*time.Second, "sticky gone from the forwarder", func() (bool, string) {
-		out := tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS)
-		return !strings.Contains(out, `"sticky"`), out
-	})
-	var err error
-	tp.inNS("cl", func() {
-		var c net.Conn
-		if c, err = net.DialTimeout("tcp", vip4+":81", 500*time.Millisecond); err == nil {
-			c.Close()
+		metrics := tp.get("lb", "127.0.0.1:9901", "/metrics")
+		for _, m := range []string{`stickylb_xdp_vip_packets_total{service="spread"}`, `stickylb_xdp_backend_bytes_total{backend="` + hosts["b2"].v4 + `:80",service="spread"}`,
+			`stickylb_xdp_conn_table_lookups_total{result="hit"}`, `stickylb_xdp_packets_total{path="forward"}`} {
+			if !strings.Contains(metrics, m) {
+				t.Errorf("metrics lack %s:\n%s", m, metrics)
+			}
 		}
 	})
-	if err == nil {
-		t.Fatal("a connection to the removed VIP succeeded")
-	}
-	echoAll("after removing a VIP", "b1")
-	lp2.stop()
-	tp.in("lb", bin, "xdp", "detach", "--iface", "eth0", "--pin-root", tp.pinFS)
-	if out := tp.in("lb", "ip", "link", "show", "eth0"); strings.Contains(out, "xdp") {
-		t.Fatalf("still attached after detach: %s", out)
-	}
+
+	tp.phase("a bad edit changes nothing", func(t *testing.T) {
+		tp.writeFile(poolsFile, "services:\n  - name: spread\n    protocol: tcp\n    vip: nonsense\n")
+		waitFor(t, 5*time.Second, "the bad edit logged", func() (bool, string) {
+			return strings.Contains(lp2.String(), "invalid pools file edit"), ""
+		})
+		echoAll(t, "b1")
+	})
+
+	tp.phase("a drained backend keeps its connections", func(t *testing.T) {
+		b2 := fmt.Sprintf("{address: %q}", hosts["b2"].v4+":80")
+		tp.writeFile(poolsFile, strings.Replace(poolsXDP("b1", "b2", "b3"), b2, strings.TrimSuffix(b2, "}")+", drain: true}", 1))
+		waitFor(t, 5*time.Second, "no new connection to the drained b2", func() (bool, string) {
+			return tp.noneReach("b2", 32) // missing b2 by luck while it is in the table: 2^-32
+		})
+		drainedConns := 0
+		for _, c := range conns {
+			if c.backend == "b2" {
+				drainedConns++
+			}
+		}
+		if drainedConns == 0 {
+			t.Fatal("no connection to b2 to watch through the drain")
+		}
+		echoAll(t, "b1")
+	})
+
+	tp.phase("a removed VIP stops being forwarded", func(t *testing.T) {
+		tp.writeFile(poolsFile, poolsXDPServices([]string{"spread", "spread6"}, "b1", "b2", "b3"))
+		waitFor(t, 5*time.Second, "sticky gone from the forwarder", func() (bool, string) {
+			out := tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS)
+			return !strings.Contains(out, `"sticky"`), out
+		})
+		var err error
+		tp.inNS("cl", func() {
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", vip4+":81", 500*time.Millisecond); err == nil {
+				c.Close()
+			}
+		})
+		if err == nil {
+			t.Fatal("a connection to the removed VIP succeeded")
+		}
+		echoAll(t, "b1")
+	})
+
+	tp.phase("detach", func(t *testing.T) {
+		lp2.stop()
+		tp.in("lb", bin, "xdp", "detach", "--iface", "eth0", "--pin-root", tp.pinFS)
+		if out := tp.in("lb", "ip", "link", "show", "eth0"); strings.Contains(out, "xdp") {
+			t.Fatalf("still attached after detach: %s", out)
+		}
+	})
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/policies/chash"
 )
 
@@ -38,19 +38,18 @@ const (
 )
 
 type fixture struct {
-	f     *Forwarder
+	f     *Tables
 	table []uint32
 }
 
-func needRoot(t testing.TB) {
-	if os.Geteuid() != 0 {
-		t.Skip("loading XDP programs needs root (CI runs as root)")
-	}
-}
+func setup(t testing.TB) *fixture { return setupWith(t, Options{}) }
 
-func setup(t testing.TB) *fixture {
-	needRoot(t)
-	f, err := Load()
+// setupWith loads the forwarder with o (table size, insert cap) and installs the fixtures'
+// backends and VIPs: 1 vip4:80 TCP 5-tuple, 2 vip6:80 TCP source_ip, 3 vip4:443 UDP QUIC,
+// 4 vip6:53 UDP 5-tuple.
+func setupWith(t testing.TB, o Options) *fixture {
+	netnstest.NeedRoot(t)
+	f, err := loadTables(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +86,7 @@ func setup(t testing.TB) *fixture {
 }
 
 func (fx *fixture) expect(b []byte) int {
-	return int(fx.table[Hash(b)%uint32(len(fx.table))])
+	return int(fx.table[fnv1a(b)%uint32(len(fx.table))])
 }
 
 // discriminating returns the first i in [0, 100) for which differ(i) holds: fixtures pick
@@ -157,7 +156,7 @@ func TestFixtureTCP5Tuple(t *testing.T) {
 	seen := map[int]bool{}
 	for sport := uint16(40000); sport < 40040; sport++ {
 		in := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
-		b := fx.expect(FlowHashInput(client4, vip4, sport, 80, 6, false))
+		b := fx.expect(flowHashInput(client4, vip4, sport, 80, 6, false))
 		ret, out := run(t, fx.f.Program(), in)
 		check(t, fmt.Sprintf("syn from port %d", sport), ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "S", nil, backMACs[b]))
 		seen[b] = true
@@ -168,7 +167,7 @@ func TestFixtureTCP5Tuple(t *testing.T) {
 	if len(seen) != 3 {
 		t.Fatalf("40 flows reached %d backends; 5-tuple hashing should spread them", len(seen))
 	}
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["conn_hit"] != 40 || c["conn_miss"] != 40 || c["forward"] != 80 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -194,7 +193,7 @@ func TestFixtureIPOptions(t *testing.T) {
 	if in[14]&0x0f <= 5 {
 		t.Fatal("fixture has no IP options")
 	}
-	b := fx.expect(FlowHashInput(client4, vip4, 5555, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 5555, 80, 6, false))
 	ret, out := run(t, fx.f.Program(), in)
 	check(t, "options", ret, out, xdpTX, tcp4(t, client4, vip4, 5555, 80, "S", opts, backMACs[b]))
 }
@@ -202,8 +201,8 @@ func TestFixtureIPOptions(t *testing.T) {
 // fragments: every fragment, the first too, goes by (src, dst, proto).
 func TestFixtureFragments(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 0, 0, 6, false))
-	if b == fx.expect(FlowHashInput(client4, vip4, 7777, 80, 6, false)) {
+	b := fx.expect(flowHashInput(client4, vip4, 0, 0, 6, false))
+	if b == fx.expect(flowHashInput(client4, vip4, 7777, 80, 6, false)) {
 		t.Fatal("fixture does not tell fragment hashing from 5-tuple hashing")
 	}
 	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, payload []byte) []byte {
@@ -234,7 +233,7 @@ func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
 	// where its quoted header, unswapped, would hash.
 	sport := 6000 + uint16(discriminating(t, func(i int) bool {
 		p := 6000 + uint16(i)
-		return fx.expect(FlowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(FlowHashInput(vip4, client4, 80, p, 6, false))
+		return fx.expect(flowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(flowHashInput(vip4, client4, 80, p, 6, false))
 	}))
 	syn := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
 	ret, out := run(t, fx.f.Program(), syn)
@@ -250,7 +249,7 @@ func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
 	}
 	ret, out = run(t, fx.f.Program(), build(lbMAC, clientMAC))
 	check(t, "icmp frag-needed", ret, out, xdpTX, build(flowMAC, lbMAC))
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["icmp_error"] != 1 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -272,7 +271,7 @@ func TestFixtureMalformed(t *testing.T) {
 	if ret != xdpDrop {
 		t.Fatalf("ihl < 5: %d, want drop", ret)
 	}
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["malformed"] != 3 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -281,7 +280,7 @@ func TestFixtureMalformed(t *testing.T) {
 func TestFixtureRST(t *testing.T) {
 	fx := setup(t)
 	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "S", nil, nil))
-	b := fx.expect(FlowHashInput(client4, vip4, 2222, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 2222, 80, 6, false))
 	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "R", nil, nil))
 	check(t, "rst", ret, out, xdpTX, tcp4(t, client4, vip4, 2222, 80, "R", nil, backMACs[b]))
 	var key lbFlow
@@ -307,7 +306,7 @@ func tcp6(t testing.TB, src netip.Addr, sport uint16, mac net.HardwareAddr) []by
 
 func TestFixtureIPv6SourceIP(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client6, vip6, 0, 0, 6, true))
+	b := fx.expect(flowHashInput(client6, vip6, 0, 0, 6, true))
 	for sport := uint16(1000); sport < 1010; sport++ {
 		ret, out := run(t, fx.f.Program(), tcp6(t, client6, sport, nil))
 		check(t, "v6 source_ip", ret, out, xdpTX, tcp6(t, client6, sport, backMACs[b]))
@@ -387,13 +386,13 @@ func TestFixtureTableSwapKeepsFlows(t *testing.T) {
 
 // frag6 builds an IPv6 fragment to vip6 (the fragment header by hand: gopacket does not
 // serialize it); mac nil: as the client sends it, else as the LB sends it to that backend.
-func frag6(t testing.TB, src netip.Addr, offset uint16, more bool, payload []byte, mac net.HardwareAddr) []byte {
+func frag6(t testing.TB, src netip.Addr, proto layers.IPProtocol, offset uint16, more bool, payload []byte, mac net.HardwareAddr) []byte {
 	e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)
 	if mac != nil {
 		e = eth(mac, lbMAC, layers.EthernetTypeIPv6)
 	}
 	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolIPv6Fragment, SrcIP: src.AsSlice(), DstIP: vip6.AsSlice()}
-	fh := []byte{byte(layers.IPProtocolTCP), 0, 0, 0, 0, 0, 0x12, 0x34}
+	fh := []byte{byte(proto), 0, 0, 0, 0, 0, 0x12, 0x34}
 	fo := offset << 3
 	if more {
 		fo |= 1
@@ -402,28 +401,29 @@ func frag6(t testing.TB, src netip.Addr, offset uint16, more bool, payload []byt
 	return serialize(t, e, ip, gopacket.Payload(append(fh, payload...)))
 }
 
-// IPv6 fragments, the first too, go by (src, dst, proto) among the VIP address's backends,
-// although the TCP VIP on that address hashes the source only: its unfragmented packets
-// could go elsewhere, as for IPv4 (docs/xdp.md).
+// IPv6 fragments, the first too, go by (src, dst, proto) among the VIP address's backends
+// (vip6's UDP VIP hashes the 5-tuple): its unfragmented datagrams may go elsewhere, as for
+// IPv4. (A source_ip VIP's fragments hash by the source: hardening_test.go.)
 func TestFixtureIPv6Fragments(t *testing.T) {
 	fx := setup(t)
-	// A client whose fragments hash elsewhere than its source address does.
+	udp := layers.IPProtocolUDP
+	// A client whose fragments hash elsewhere than its flow does.
 	src := client6
 	discriminating(t, func(i int) bool {
 		a := client6.As16()
 		a[15] += byte(i)
 		src = netip.AddrFrom16(a)
-		return fx.expect(FlowHashInput(src, vip6, 0, 0, 6, false)) != fx.expect(FlowHashInput(src, vip6, 0, 0, 6, true))
+		return fx.expect(flowHashInput(src, vip6, 0, 0, 17, false)) != fx.expect(flowHashInput(src, vip6, 7000, 53, 17, false))
 	})
-	b := fx.expect(FlowHashInput(src, vip6, 0, 0, 6, false))
-	tcpHdr := tcp6(t, src, 7000, nil)[14+40:]
-	first := frag6(t, src, 0, true, tcpHdr, nil)
+	b := fx.expect(flowHashInput(src, vip6, 0, 0, 17, false))
+	udpHdr := []byte{0x1b, 0x58, 0, 53, 0, 40, 0, 0} // 7000 -> 53, length 40, no checksum
+	first := frag6(t, src, udp, 0, true, udpHdr, nil)
 	ret, out := run(t, fx.f.Program(), first)
-	check(t, "v6 first fragment", ret, out, xdpTX, frag6(t, src, 0, true, tcpHdr, backMACs[b]))
+	check(t, "v6 first fragment", ret, out, xdpTX, frag6(t, src, udp, 0, true, udpHdr, backMACs[b]))
 	rest := []byte("the rest of it, 8-byte units")
-	ret, out = run(t, fx.f.Program(), frag6(t, src, 3, false, rest, nil))
-	check(t, "v6 last fragment", ret, out, xdpTX, frag6(t, src, 3, false, rest, backMACs[b]))
-	c, _ := fx.f.PathCounts()
+	ret, out = run(t, fx.f.Program(), frag6(t, src, udp, 1, false, rest, nil))
+	check(t, "v6 last fragment", ret, out, xdpTX, frag6(t, src, udp, 1, false, rest, backMACs[b]))
+	c := pathCounts(t, fx.f)
 	if c["fragment"] != 2 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -444,7 +444,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 	}
 	// The flow, client -> vip6:53 (UDP, 5-tuple); its quoted reply, unswapped, would hash to
 	// another backend.
-	if fx.expect(FlowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(FlowHashInput(vip6, client6, 53, 5353, 17, false)) {
+	if fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(flowHashInput(vip6, client6, 53, 5353, 17, false)) {
 		t.Fatal("fixture does not tell the swapped inner header from the unswapped one")
 	}
 	ret, out := run(t, fx.f.Program(), udp6(client6, vip6, 5353, 53, eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)))
@@ -452,7 +452,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 		t.Fatalf("udp flow: %d", ret)
 	}
 	flowMAC := net.HardwareAddr(out[0:6])
-	if want := backMACs[fx.expect(FlowHashInput(client6, vip6, 5353, 53, 17, false))]; !bytes.Equal(flowMAC, want) {
+	if want := backMACs[fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false))]; !bytes.Equal(flowMAC, want) {
 		t.Fatalf("flow went to %s, want %s", flowMAC, want)
 	}
 	reply := udp6(vip6, client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
@@ -475,7 +475,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 	echo := icmp(128, 0, []byte{0, 1, 0, 1, 'p', 'i', 'n', 'g'}, lbMAC, clientMAC)
 	ret, out = run(t, fx.f.Program(), echo)
 	check(t, "icmpv6 echo request", ret, out, xdpPass, echo)
-	c, _ := fx.f.PathCounts()
+	c := pathCounts(t, fx.f)
 	if c["icmp_error"] != 1 {
 		t.Fatalf("counters: %v", c)
 	}
@@ -485,7 +485,7 @@ func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
 // rewritten as for XDP_TX. Under BPF_PROG_RUN the redirect is reported, not done.
 func TestFixtureRedirectToBackendInterface(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 4444, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 4444, 80, 6, false))
 	if err := fx.f.SetBackend(uint32(b), Backend{MAC: backMACs[b], Ifindex: 1, Alive: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestFixtureRedirectToBackendInterface(t *testing.T) {
 // backend, even after a table change sent new flows elsewhere. Only RST forgets a flow.
 func TestFixtureFINKeepsFlow(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 2323, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 2323, 80, 6, false))
 	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2323, 80, "S", nil, nil))
 	other := make([]uint32, len(fx.table))
 	for i := range other {
@@ -518,7 +518,7 @@ func TestFixtureFINKeepsFlow(t *testing.T) {
 // table; the entry then follows the new connection.
 func TestFixtureSYNPicksFromTable(t *testing.T) {
 	fx := setup(t)
-	b := fx.expect(FlowHashInput(client4, vip4, 3434, 80, 6, false))
+	b := fx.expect(flowHashInput(client4, vip4, 3434, 80, 6, false))
 	run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "S", nil, nil))
 	next := (b + 1) % len(backMACs)
 	moved := make([]uint32, len(fx.table))

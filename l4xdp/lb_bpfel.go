@@ -16,14 +16,19 @@ import (
 type lbBackend struct {
 	_       structs.HostLayout
 	Mac     [6]uint8
-	Flags   uint16
+	Pad     uint16
+	Flags   uint32
 	Ifindex uint32
+	Gen     uint32
 }
 
 type lbConn struct {
-	_       structs.HostLayout
-	Backend uint32
-	VipId   uint32
+	_        structs.HostLayout
+	Backend  uint32
+	Gen      uint32
+	VipId    uint32
+	Flags    uint32
+	LastSeen uint64
 }
 
 type lbCounter struct {
@@ -42,14 +47,36 @@ type lbFlow struct {
 	Pad   [3]uint8
 }
 
-type lbGenConfig struct {
-	_        structs.HostLayout
-	Dst      [6]uint8
-	Src      [6]uint8
-	Flows    uint32
-	PortOff  uint32
-	BasePort uint32
+type lbInsertBudget struct {
+	_      structs.HostLayout
+	Window uint64
+	Used   uint64
 }
+
+type lbLbConfig struct {
+	_         structs.HostLayout
+	InsertCap uint32
+	Pad       uint32
+}
+
+type lbLbPath uint32
+
+const (
+	lbLbPathPATH_PASS           lbLbPath = 0
+	lbLbPathPATH_FORWARD        lbLbPath = 1
+	lbLbPathPATH_CONN_HIT       lbLbPath = 2
+	lbLbPathPATH_CONN_MISS      lbLbPath = 3
+	lbLbPathPATH_FRAGMENT       lbLbPath = 4
+	lbLbPathPATH_ICMP_ERROR     lbLbPath = 5
+	lbLbPathPATH_MALFORMED      lbLbPath = 6
+	lbLbPathPATH_NO_BACKEND     lbLbPath = 7
+	lbLbPathPATH_IP_OPTIONS     lbLbPath = 8
+	lbLbPathPATH_TCP_RST        lbLbPath = 9
+	lbLbPathPATH_QUIC_SERVER_ID lbLbPath = 10
+	lbLbPathPATH_CONN_STALE     lbLbPath = 11
+	lbLbPathPATH_INSERT_REFUSED lbLbPath = 12
+	lbLbPathPATH_MAX            lbLbPath = 16
+)
 
 type lbName struct {
 	_ structs.HostLayout
@@ -71,37 +98,32 @@ type lbVipKey struct {
 }
 
 type lbVipMeta struct {
-	_         structs.HostLayout
-	Id        uint32
-	Flags     uint32
-	TableSize uint32
-	CidLen    uint32
+	_           structs.HostLayout
+	Id          uint32
+	Flags       uint32
+	TableSize   uint32
+	CidLen      uint32
+	IdleTimeout uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lbMapBackendNames      = "backend_names"
-	lbMapBackendStats      = "backend_stats"
-	lbMapBackends          = "backends"
-	lbMapConns             = "conns"
-	lbMapGenCfg            = "gen_cfg"
-	lbMapGenSeq            = "gen_seq"
-	lbMapMaglev            = "maglev"
-	lbMapPathStats         = "path_stats"
-	lbMapServerIds         = "server_ids"
-	lbMapSinkStats         = "sink_stats"
-	lbMapVipAddrs          = "vip_addrs"
-	lbMapVipNames          = "vip_names"
-	lbMapVipStats          = "vip_stats"
-	lbMapVips              = "vips"
-	lbProgFloorXdp         = "floor_xdp"
-	lbProgGenXdp           = "gen_xdp"
-	lbProgPassXdp          = "pass_xdp"
-	lbProgRedirectFloorXdp = "redirect_floor_xdp"
-	lbProgSinkXdp          = "sink_xdp"
-	lbProgStickylbXdp      = "stickylb_xdp"
+	lbMapBackendNames = "backend_names"
+	lbMapBackendStats = "backend_stats"
+	lbMapBackends     = "backends"
+	lbMapConfig       = "config"
+	lbMapConns        = "conns"
+	lbMapInsertBudget = "insert_budget"
+	lbMapMaglev       = "maglev"
+	lbMapPathStats    = "path_stats"
+	lbMapServerIds    = "server_ids"
+	lbMapVipAddrs     = "vip_addrs"
+	lbMapVipNames     = "vip_names"
+	lbMapVipStats     = "vip_stats"
+	lbMapVips         = "vips"
+	lbProgStickylbXdp = "stickylb_xdp"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -146,12 +168,7 @@ type lbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbProgramSpecs struct {
-	FloorXdp         *ebpf.ProgramSpec `ebpf:"floor_xdp"`
-	GenXdp           *ebpf.ProgramSpec `ebpf:"gen_xdp"`
-	PassXdp          *ebpf.ProgramSpec `ebpf:"pass_xdp"`
-	RedirectFloorXdp *ebpf.ProgramSpec `ebpf:"redirect_floor_xdp"`
-	SinkXdp          *ebpf.ProgramSpec `ebpf:"sink_xdp"`
-	StickylbXdp      *ebpf.ProgramSpec `ebpf:"stickylb_xdp"`
+	StickylbXdp *ebpf.ProgramSpec `ebpf:"stickylb_xdp"`
 }
 
 // lbMapSpecs contains maps before they are loaded into the kernel.
@@ -161,13 +178,12 @@ type lbMapSpecs struct {
 	BackendNames *ebpf.MapSpec `ebpf:"backend_names"`
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
+	Config       *ebpf.MapSpec `ebpf:"config"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
-	GenCfg       *ebpf.MapSpec `ebpf:"gen_cfg"`
-	GenSeq       *ebpf.MapSpec `ebpf:"gen_seq"`
+	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
-	SinkStats    *ebpf.MapSpec `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.MapSpec `ebpf:"vip_addrs"`
 	VipNames     *ebpf.MapSpec `ebpf:"vip_names"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
@@ -203,13 +219,12 @@ type lbMaps struct {
 	BackendNames *ebpf.Map `ebpf:"backend_names"`
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
+	Config       *ebpf.Map `ebpf:"config"`
 	Conns        *ebpf.Map `ebpf:"conns"`
-	GenCfg       *ebpf.Map `ebpf:"gen_cfg"`
-	GenSeq       *ebpf.Map `ebpf:"gen_seq"`
+	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	PathStats    *ebpf.Map `ebpf:"path_stats"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
-	SinkStats    *ebpf.Map `ebpf:"sink_stats"`
 	VipAddrs     *ebpf.Map `ebpf:"vip_addrs"`
 	VipNames     *ebpf.Map `ebpf:"vip_names"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
@@ -221,13 +236,12 @@ func (m *lbMaps) Close() error {
 		m.BackendNames,
 		m.BackendStats,
 		m.Backends,
+		m.Config,
 		m.Conns,
-		m.GenCfg,
-		m.GenSeq,
+		m.InsertBudget,
 		m.Maglev,
 		m.PathStats,
 		m.ServerIds,
-		m.SinkStats,
 		m.VipAddrs,
 		m.VipNames,
 		m.VipStats,
@@ -245,21 +259,11 @@ type lbVariables struct {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbPrograms struct {
-	FloorXdp         *ebpf.Program `ebpf:"floor_xdp"`
-	GenXdp           *ebpf.Program `ebpf:"gen_xdp"`
-	PassXdp          *ebpf.Program `ebpf:"pass_xdp"`
-	RedirectFloorXdp *ebpf.Program `ebpf:"redirect_floor_xdp"`
-	SinkXdp          *ebpf.Program `ebpf:"sink_xdp"`
-	StickylbXdp      *ebpf.Program `ebpf:"stickylb_xdp"`
+	StickylbXdp *ebpf.Program `ebpf:"stickylb_xdp"`
 }
 
 func (p *lbPrograms) Close() error {
 	return _LbClose(
-		p.FloorXdp,
-		p.GenXdp,
-		p.PassXdp,
-		p.RedirectFloorXdp,
-		p.SinkXdp,
 		p.StickylbXdp,
 	)
 }

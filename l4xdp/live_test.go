@@ -1,15 +1,11 @@
 package l4xdp
 
 import (
-	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,9 +14,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/policies/chash"
 )
 
@@ -45,73 +41,37 @@ var liveBackendMACs = []net.HardwareAddr{{0x02, 0, 0, 0, 0xb0, 1}, {0x02, 0, 0, 
 
 type liveTopo struct {
 	tb      testing.TB
-	prefix  string
-	ns      map[string]netns.NsHandle
+	kit     *netnstest.Kit
 	ifindex map[string]int
 	mac     map[string]net.HardwareAddr
-	f       *Forwarder
+	f       *Tables
+	tp      *testprogsObjects
 	links   []link.Link
 	frame   []byte
 }
 
-func liveSh(tb testing.TB, args ...string) string {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 func (lt *liveTopo) in(ns string, args ...string) string {
 	lt.tb.Helper()
-	return liveSh(lt.tb, append([]string{"ip", "netns", "exec", lt.prefix + ns}, args...)...)
-}
-
-// inNS runs fn on a thread in namespace ns: ifindexes and netlink calls resolve there.
-func (lt *liveTopo) inNS(ns string, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(lt.ns[ns]); err != nil {
-		return fmt.Errorf("entering namespace %s: %w", ns, err)
-	}
-	defer netns.Set(orig)
-	return fn()
+	return lt.kit.For(lt.tb).In(ns, args...)
 }
 
 func newLiveTopo(tb testing.TB) *liveTopo {
-	needRoot(tb)
+	netnstest.NeedRoot(tb)
 	if _, err := exec.LookPath("nft"); err != nil {
 		tb.Skip("nft (nftables) not installed; scripts/test.sh installs it")
 	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	lt := &liveTopo{tb: tb, prefix: "lv" + hex.EncodeToString(b), ns: map[string]netns.NsHandle{},
-		ifindex: map[string]int{}, mac: map[string]net.HardwareAddr{}}
+	lt := &liveTopo{tb: tb, kit: netnstest.New(tb, "lv"), ifindex: map[string]int{}, mac: map[string]net.HardwareAddr{}}
 	tb.Cleanup(lt.teardown)
 	for _, ns := range []string{"gen", "lb", "bk"} {
-		liveSh(tb, "ip", "netns", "add", lt.prefix+ns)
-		h, err := netns.GetFromName(lt.prefix + ns)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		lt.ns[ns] = h
+		lt.kit.AddNS(ns)
 		// No IPv6 (router solicitations) or other traffic of the stack's own on the path.
 		lt.in(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 	}
-	lt.in("gen", "ip", "link", "add", "c0", "type", "veth", "peer", "name", "l0", "netns", lt.prefix+"lb")
-	lt.in("lb", "ip", "link", "add", "l1", "type", "veth", "peer", "name", "b0", "netns", lt.prefix+"bk")
+	lt.kit.Veth("gen", "c0", "lb", "l0")
+	lt.kit.Veth("lb", "l1", "bk", "b0")
 	for ns, ifs := range map[string][]string{"gen": {"c0"}, "lb": {"l0", "l1"}, "bk": {"b0"}} {
 		for _, name := range ifs {
-			lt.in(ns, "ip", "link", "set", name, "up")
-			err := lt.inNS(ns, func() error {
+			err := lt.kit.Do(ns, func() error {
 				ifc, err := net.InterfaceByName(name)
 				if err != nil {
 					return err
@@ -124,16 +84,17 @@ func newLiveTopo(tb testing.TB) *liveTopo {
 			}
 		}
 	}
-	f, err := Load()
+	f, err := loadTables(Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	lt.f = f
-	lt.attach("bk", "b0", f.objs.SinkXdp)
-	cfg := lbGenConfig{Flows: liveFlows, PortOff: 14 + 20, BasePort: liveBasePort}
+	lt.tp = loadTestProgs(tb)
+	lt.attach("bk", "b0", lt.tp.SinkXdp)
+	cfg := testprogsGenConfig{Flows: liveFlows, PortOff: 14 + 20, BasePort: liveBasePort}
 	copy(cfg.Dst[:], lt.mac["l0"])
 	copy(cfg.Src[:], lt.mac["c0"])
-	if err := f.objs.GenCfg.Put(uint32(0), cfg); err != nil {
+	if err := lt.tp.GenCfg.Put(uint32(0), cfg); err != nil {
 		tb.Fatal(err)
 	}
 	lt.frame = tcp4(tb, client4, vip4, liveBasePort, 80, "A", nil, nil)
@@ -147,18 +108,12 @@ func (lt *liveTopo) teardown() {
 	if lt.f != nil {
 		lt.f.Close()
 	}
-	for _, h := range lt.ns {
-		h.Close()
-	}
-	for _, ns := range []string{"gen", "lb", "bk"} {
-		exec.Command("ip", "netns", "del", lt.prefix+ns).Run()
-	}
 }
 
 func (lt *liveTopo) attach(ns, ifname string, p *ebpf.Program) link.Link {
 	lt.tb.Helper()
 	var l link.Link
-	err := lt.inNS(ns, func() (err error) {
+	err := lt.kit.Do(ns, func() (err error) {
 		l, err = link.AttachXDP(link.XDPOptions{Program: p, Interface: lt.ifindex[ifname], Flags: link.XDPDriverMode})
 		return err
 	})
@@ -196,10 +151,12 @@ func (lt *liveTopo) armStickylb() func() {
 // armFloor attaches the floor to l0: MAC rewrite and redirect to backend 0, nothing else.
 // The pipeline's cost beside the LB's (generator, veths, sink) is what this arm measures.
 func (lt *liveTopo) armFloor() func() {
-	if err := lt.f.SetBackend(0, Backend{MAC: liveBackendMACs[0], Ifindex: uint32(lt.ifindex["l1"]), Alive: true}); err != nil {
+	target := testprogsFloorTarget{Ifindex: uint32(lt.ifindex["l1"])}
+	copy(target.Mac[:], liveBackendMACs[0])
+	if err := lt.tp.FloorCfg.Put(uint32(0), target); err != nil {
 		lt.tb.Fatal(err)
 	}
-	l := lt.attach("lb", "l0", lt.f.objs.RedirectFloorXdp)
+	l := lt.attach("lb", "l0", lt.tp.RedirectFloorXdp)
 	return func() { l.Close() }
 }
 
@@ -207,7 +164,11 @@ func (lt *liveTopo) armFloor() func() {
 // XDP program runs on it) and has nftables rewrite and forward them in the netdev ingress
 // hook, as a user would do DR without XDP.
 func (lt *liveTopo) armNftables() func() {
-	l := lt.attach("lb", "l0", lt.f.PassProgram())
+	pass, err := LoadPass()
+	if err != nil {
+		lt.tb.Fatal(err)
+	}
+	l := lt.attach("lb", "l0", pass)
 	var macs []string
 	for i, m := range liveBackendMACs {
 		macs = append(macs, fmt.Sprintf("%d : %s", i, m))
@@ -223,6 +184,7 @@ func (lt *liveTopo) armNftables() func() {
 	return func() {
 		lt.in("lb", "nft", "delete", "table", "netdev", "slbench")
 		l.Close()
+		pass.Close()
 	}
 }
 
@@ -231,8 +193,8 @@ func (lt *liveTopo) armNftables() func() {
 func (lt *liveTopo) sinkCounts() []uint64 {
 	out := make([]uint64, len(liveBackendMACs)+1)
 	for i := uint32(0); i < 256; i++ {
-		var per []lbCounter
-		if err := lt.f.objs.SinkStats.Lookup(i, &per); err != nil {
+		var per []testprogsCounter
+		if err := lt.tp.SinkStats.Lookup(i, &per); err != nil {
 			lt.tb.Fatal(err)
 		}
 		var n uint64
@@ -251,9 +213,9 @@ func (lt *liveTopo) sinkCounts() []uint64 {
 }
 
 func (lt *liveTopo) resetSink() {
-	zero := make([]lbCounter, ebpf.MustPossibleCPU())
+	zero := make([]testprogsCounter, ebpf.MustPossibleCPU())
 	for i := uint32(0); i < 256; i++ {
-		if err := lt.f.objs.SinkStats.Put(i, zero); err != nil {
+		if err := lt.tp.SinkStats.Put(i, zero); err != nil {
 			lt.tb.Fatal(err)
 		}
 	}
@@ -301,8 +263,8 @@ func (lt *liveTopo) generate(n, batch uint32) (time.Duration, []uint64, error) {
 	binary.NativeEndian.PutUint32(ctx[4:], uint32(len(lt.frame)))
 	binary.NativeEndian.PutUint32(ctx[12:], uint32(lt.ifindex["c0"]))
 	start := time.Now()
-	err := lt.inNS("gen", func() error {
-		_, err := lt.f.objs.GenXdp.Run(&ebpf.RunOptions{Data: lt.frame, Context: ctx, Repeat: n,
+	err := lt.kit.Do("gen", func() error {
+		_, err := lt.tp.GenXdp.Run(&ebpf.RunOptions{Data: lt.frame, Context: ctx, Repeat: n,
 			Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES, BatchSize: batch})
 		return err
 	})

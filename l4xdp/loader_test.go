@@ -1,20 +1,19 @@
 package l4xdp
 
 import (
-	"crypto/rand"
-	"encoding/hex"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"runtime"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -23,57 +22,26 @@ import (
 
 type loaderRig struct {
 	t   *testing.T
-	ns  netns.NsHandle
+	kit *netnstest.Kit
 	pin string
 }
 
 func newLoaderRig(t *testing.T) *loaderRig {
-	needRoot(t)
-	b := make([]byte, 3)
-	rand.Read(b)
-	name := "slld" + hex.EncodeToString(b)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", name)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	sh("ip", "netns", "exec", name, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1")
-	sh("ip", "netns", "exec", name, "ip", "link", "set", "v0", "up")
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	pin, err := os.MkdirTemp("", name+"-bpffs-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sh("mount", "-t", "bpf", "bpf", pin)
-	t.Cleanup(func() { exec.Command("umount", pin).Run(); os.Remove(pin) })
-	return &loaderRig{t: t, ns: h, pin: pin}
+	kit := netnstest.New(t, "slld")
+	kit.AddNS("lb")
+	kit.Veth("lb", "v0", "lb", "v1")
+	return &loaderRig{t: t, kit: kit, pin: kit.BPFFS()}
 }
 
-func (r *loaderRig) open() *Loader {
+func (r *loaderRig) open() *Loader { return r.openWith(Options{}) }
+
+func (r *loaderRig) openWith(o Options) *Loader {
 	r.t.Helper()
 	var l *Loader
-	var err error
-	func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, _ := netns.Get()
-		defer orig.Close()
-		if err = netns.Set(r.ns); err != nil {
-			return
-		}
-		defer netns.Set(orig)
-		l, err = Open(Config{Iface: "v0", Mode: ModeGeneric, PinRoot: r.pin}, zaptest.NewLogger(r.t))
-	}()
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	r.kit.MustDo("lb", func() (err error) {
+		l, err = Open(Config{Iface: "v0", Mode: ModeGeneric, PinRoot: r.pin, Tables: o}, zaptest.NewLogger(r.t))
+		return err
+	})
 	return l
 }
 
@@ -88,7 +56,7 @@ func (r *loaderRig) apply(l *Loader, yaml string) {
 	}
 }
 
-func slotsOf(t *testing.T, f *Forwarder) map[string]uint32 {
+func slotsOf(t *testing.T, f *Tables) map[string]uint32 {
 	t.Helper()
 	ns, err := names(f.objs.BackendNames)
 	if err != nil {
@@ -101,7 +69,7 @@ func slotsOf(t *testing.T, f *Forwarder) map[string]uint32 {
 	return out
 }
 
-func backendAt(t *testing.T, f *Forwarder, slot uint32) (net.HardwareAddr, uint16) {
+func backendAt(t *testing.T, f *Tables, slot uint32) (net.HardwareAddr, uint32) {
 	t.Helper()
 	var b lbBackend
 	if err := f.objs.Backends.Lookup(slot, &b); err != nil {
@@ -132,7 +100,7 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	r := newLoaderRig(t)
 	l := r.open()
 	r.apply(l, loaderPoolsA)
-	fw := l.Forwarder()
+	fw := l.Tables()
 	slots := slotsOf(t, fw)
 	y := slots["a/10.9.1.2:80"]
 	if len(slots) != 3 {
@@ -145,6 +113,7 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	if err := fw.objs.BackendStats.Put(y, counted); err != nil {
 		t.Fatal(err)
 	}
+	genBefore := fw.slotGen(y)
 	edited := strings.Replace(loaderPoolsA, `{address: 10.9.1.2:80, mac: "02:00:00:00:00:02"}`, `{address: 10.9.1.9:80, mac: "02:00:00:00:00:09"}`, 1)
 	r.apply(l, edited)
 	slots = slotsOf(t, fw)
@@ -156,6 +125,9 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	}
 	if mac, flags := backendAt(t, fw, y); mac.String() != "02:00:00:00:00:09" || flags&backendAlive == 0 {
 		t.Fatalf("slot %d holds %s flags %d; want the newcomer, alive", y, mac, flags)
+	}
+	if g := fw.slotGen(y); g != genBefore+1 {
+		t.Fatalf("slot %d's generation is %d after it changed hands, want %d: the old backend's flows would follow it", y, g, genBefore+1)
 	}
 	if st, err := fw.Stats(); err != nil || st.Backends["a/10.9.1.9:80"].Packets != 0 {
 		t.Fatalf("the newcomer inherited counters: %+v %v", st.Backends, err)
@@ -205,10 +177,161 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 		}
 	}()
 	r.apply(l2, moved)
-	after := slotsOf(t, l2.Forwarder())
+	after := slotsOf(t, l2.Tables())
 	for n, s := range before {
 		if after[n] != s {
 			t.Fatalf("slots before the restart %v, after %v", before, after)
 		}
 	}
+}
+
+// The upgrade path: a loader that finds pinned maps it cannot adopt (an older layout, or a
+// connection table of another size) starts those afresh, keeps the rest, and forwards.
+func TestLoaderReplacesPinnedMapsThatDoNotFit(t *testing.T) {
+	r := newLoaderRig(t)
+	dir := filepath.Join(r.pin, "v0")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The previous release's layout: 8-byte entries, 12-byte backends.
+	for name, spec := range map[string]*ebpf.MapSpec{
+		"conns":    {Type: ebpf.LRUHash, KeySize: 40, ValueSize: 8, MaxEntries: 1 << 20},
+		"backends": {Type: ebpf.Array, KeySize: 4, ValueSize: 12, MaxEntries: MaxBackends},
+	} {
+		m, err := ebpf.NewMap(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	l := r.openWith(Options{ConnTableSize: 4096})
+	r.apply(l, loaderPoolsA)
+	if info, err := l.Tables().objs.Conns.Info(); err != nil || info.ValueSize != 24 || info.MaxEntries != 4096 {
+		t.Fatalf("connection table after the upgrade: %+v, %v; want 24-byte entries, 4096 of them", info, err)
+	}
+	slots := slotsOf(t, l.Tables())
+	l.Close()
+	// A larger table on the next start: replaced again; names, and so slots, kept.
+	l2 := r.openWith(Options{ConnTableSize: 8192})
+	defer func() {
+		l2.Close()
+		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
+			t.Error(err)
+		}
+	}()
+	if info, err := l2.Tables().objs.Conns.Info(); err != nil || info.MaxEntries != 8192 {
+		t.Fatalf("connection table after a resize: %+v, %v", info, err)
+	}
+	pinned, err := ebpf.LoadPinnedMap(filepath.Join(dir, "conns"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	if info, _ := pinned.Info(); info.MaxEntries != 8192 {
+		t.Fatalf("the pinned connection table has %d entries, want the new 8192", info.MaxEntries)
+	}
+	r.apply(l2, loaderPoolsA)
+	if after := slotsOf(t, l2.Tables()); len(after) != len(slots) {
+		t.Fatalf("slots %v before, %v after", slots, after)
+	}
+	for n, s := range slots {
+		if after := slotsOf(t, l2.Tables()); after[n] != s {
+			t.Fatalf("slots %v before, %v after", slots, after)
+		}
+	}
+}
+
+// vipTable reads VIP id's flags and the backend slots its Maglev table holds.
+func vipTable(t *testing.T, f *Tables, id uint32) (uint32, map[uint32]bool) {
+	t.Helper()
+	var k lbVipKey
+	var meta lbVipMeta
+	flags := uint32(0)
+	it := f.objs.Vips.Iterate()
+	for it.Next(&k, &meta) {
+		if meta.Id == id {
+			flags = meta.Flags
+		}
+	}
+	var innerID ebpf.MapID
+	if err := f.objs.Maglev.Lookup(id, &innerID); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := ebpf.NewMapFromID(innerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	slots := map[uint32]bool{}
+	for i := uint32(0); i < meta.TableSize; i++ {
+		var s uint32
+		if err := inner.Lookup(i, &s); err != nil {
+			t.Fatal(err)
+		}
+		slots[s] = true
+	}
+	return flags, slots
+}
+
+// eventually polls cond until it holds or within has passed.
+func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, saw := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s; last saw %s", what, within, saw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// One backend down: out of the table, no panic. Every backend down: the table holds them
+// all (fail open) and the VIP is in panic, so its UDP flows do not re-pick. The health
+// checks probe this process's loopback (the checker dials from the test's namespace):
+// 127.0.0.1 answers while the test listens, 127.0.0.2 never does.
+func TestLoaderPanicWhenEveryBackendIsDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	r := newLoaderRig(t)
+	l := r.open()
+	defer func() {
+		l.Close()
+		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
+			t.Error(err)
+		}
+	}()
+	r.apply(l, fmt.Sprintf(`services:
+  - name: a
+    protocol: udp
+    vip: 10.9.0.1:53
+    balance: maglev
+    health_check: {protocol: tcp, port: %d, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}
+    backends:
+      - {address: 127.0.0.1:53, mac: "02:00:00:00:00:01"}
+      - {address: 127.0.0.2:53, mac: "02:00:00:00:00:02"}
+`, port))
+	slots := slotsOf(t, l.Tables())
+	up, down := slots["a/127.0.0.1:53"], slots["a/127.0.0.2:53"]
+	// The first probe comes within interval/10, its verdict within the timeout after.
+	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "one backend down", func() (bool, string) {
+		flags, table := vipTable(t, l.Tables(), 1)
+		return flags&FlagPanic == 0 && table[up] && !table[down], fmt.Sprintf("flags %d, slots %v", flags, table)
+	})
+	ln.Close()
+	// unhealthy_threshold x interval + timeout, and 2 s of slack.
+	eventually(t, 1*time.Second+500*time.Millisecond+2*time.Second, "every backend down: panic over both", func() (bool, string) {
+		flags, table := vipTable(t, l.Tables(), 1)
+		return flags&FlagPanic != 0 && table[up] && table[down], fmt.Sprintf("flags %d, slots %v", flags, table)
+	})
 }

@@ -26,6 +26,7 @@ import (
 
 const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
+               [--conn-table-size N] [--conn-insert-cap N]
   stickylb xdp stats --iface IF [--pin-root DIR]
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
@@ -44,14 +45,22 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics (off when empty)")
 	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state")
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
+	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
+	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" || *mode != "native" && *mode != "generic" {
+	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" || *mode != "native" && *mode != "generic" ||
+		*tableSize == 0 || *tableSize > 1<<31 || *insertCap < 0 {
 		fmt.Fprint(stderr, xdpUsage)
 		return 2
 	}
-	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot}
+	capOpt := *insertCap
+	if capOpt == 0 {
+		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"
+	}
+	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot,
+		Tables: l4xdp.Options{ConnTableSize: uint32(*tableSize), InsertCap: capOpt}}
 	switch sub {
 	case "detach":
 		if err := l4xdp.Detach(cfg); err != nil {
@@ -89,7 +98,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Forwarder()})
+		reg.MustRegister(xdpCollector{l.Tables()})
 		hs := &http.Server{Addr: *metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
@@ -104,7 +113,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 
 // xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the
 // connection table's hits and misses.
-type xdpCollector struct{ fw *l4xdp.Forwarder }
+type xdpCollector struct{ fw *l4xdp.Tables }
 
 var (
 	descPathPackets    = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)
@@ -114,10 +123,11 @@ var (
 	descBackendPackets = prometheus.NewDesc("stickylb_xdp_backend_packets_total", "Packets forwarded to a backend.", []string{"service", "backend"}, nil)
 	descBackendBytes   = prometheus.NewDesc("stickylb_xdp_backend_bytes_total", "Bytes forwarded to a backend.", []string{"service", "backend"}, nil)
 	descConnTable      = prometheus.NewDesc("stickylb_xdp_conn_table_lookups_total", "Connection-table lookups of packets to a VIP.", []string{"result"}, nil)
+	descInsertsRefused = prometheus.NewDesc("stickylb_xdp_conn_inserts_refused_total", "New flows forwarded but not remembered: a CPU's connection-table insert cap for the second was spent (flood guard).", nil, nil)
 )
 
 func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable} {
+	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused} {
 		ch <- d
 	}
 }
@@ -146,6 +156,7 @@ func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descConnTable, st.Paths["conn_hit"].Packets, "hit")
 	counter(descConnTable, st.Paths["conn_miss"].Packets, "miss")
+	counter(descInsertsRefused, st.Paths["insert_refused"].Packets)
 }
 
 // xdpStats prints the pinned forwarder's counters as JSON: it needs no running loader.
@@ -167,13 +178,13 @@ func xdpPass(cfg l4xdp.Config, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
 		return 1
 	}
-	fw, err := l4xdp.Load()
+	prog, err := l4xdp.LoadPass()
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
 		return 1
 	}
-	defer fw.Close()
-	lnk, err := link.AttachXDP(link.XDPOptions{Program: fw.PassProgram(), Interface: ifc.Index})
+	defer prog.Close()
+	lnk, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index})
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp pass: %v\n", err)
 		return 1

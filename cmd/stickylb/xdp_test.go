@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/netnstest"
 )
 
 // The loader's start-up errors, each as a user meets it: a message that says what to fix and
@@ -97,34 +97,33 @@ func TestXDPNoBPFPermission(t *testing.T) {
 // with what to do about it. The interface is a veth in a namespace of the test's own whose
 // peer has no address, so nothing ever answers ARP.
 func TestXDPUnresolvableMAC(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace and XDP (CI runs as root)")
-	}
-	bin := buildBinary(t)
-	b := make([]byte, 3)
-	rand.Read(b)
-	ns := "slmac" + hex.EncodeToString(b)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	sh("ip", "netns", "exec", ns, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-	sh("ip", "netns", "exec", ns, "ip", "addr", "add", "10.200.0.1/24", "dev", "d0")
-	sh("ip", "netns", "exec", ns, "ip", "link", "set", "d0", "up")
-	sh("ip", "netns", "exec", ns, "ip", "link", "set", "d1", "up") // no address: answers no ARP
-	// A bpffs of the test's own: ip netns exec remounts /sys, hiding /sys/fs/bpf.
-	pin := t.TempDir()
-	sh("mount", "-t", "bpf", "bpf", pin)
-	t.Cleanup(func() { exec.Command("umount", pin).Run() })
+	kit := netnstest.New(t, "slmac")
+	kit.AddNS("lb")
+	kit.Veth("lb", "d0", "lb", "d1") // d1 has no address: it answers no ARP
+	kit.In("lb", "ip", "addr", "add", "10.200.0.1/24", "dev", "d0")
+	pin := kit.BPFFS()
 	p := write(t, "pools.yaml", xdpPools)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	code, out := runBinary(t, exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic", "--pin-root", pin))
-	if code != 1 || !strings.Contains(out, "backend 10.200.0.77:80: no MAC in the neighbour table of d0; set mac: in the pools file") {
-		t.Fatalf("exit %d, output %q; want 1 and the backend named", code, out)
+	// In this process, on a thread in the namespace: no binary to build.
+	var out bytes.Buffer
+	code := 0
+	kit.MustDo("lb", func() error {
+		code = xdpCmd([]string{"--pools", p, "--iface", "d0", "--mode", "generic", "--pin-root", pin}, &out, &out)
+		return nil
+	})
+	if code != 1 || !strings.Contains(out.String(), "backend 10.200.0.77:80: no MAC in the neighbour table of d0; set mac: in the pools file") {
+		t.Fatalf("exit %d, output %q; want 1 and the backend named", code, out.String())
+	}
+}
+
+// The connection table's flags are checked before anything loads: a table of no entries, or
+// a negative insert cap, is a usage error.
+func TestXDPConnTableFlags(t *testing.T) {
+	p := write(t, "pools.yaml", xdpPools)
+	for _, args := range [][]string{{"--conn-table-size", "0"}, {"--conn-insert-cap", "-1"}} {
+		var stdout, stderr bytes.Buffer
+		code := xdpCmd(append([]string{"--pools", p, "--iface", "lo"}, args...), &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "--conn-table-size N") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and the usage", args, code, stderr.String())
+		}
 	}
 }

@@ -16,6 +16,7 @@ package pools
 //	                           only has Maglev); ring_hash for keyed modes
 //	                           (the one hash Caddy, Envoy and gRPC share);
 //	                           weighted_least_conn otherwise
+//	idle_timeout               vip services: udp 300s, tcp 900s
 //	hash.table_size            maglev: 65537
 //	hash.min/max_ring_size     maglev and ring_hash: 1024 / 4096 (gRPC's cap)
 //	hash.bounded_load          0 (off: bounded load trades agreement away)
@@ -85,6 +86,12 @@ func defaultAffinity(a *Affinity) {
 // defaultBalance picks the balance and the hash sizes.
 func defaultBalance(s *Service) {
 	a := &s.Affinity
+	if s.VIP != "" && s.IdleTimeout == 0 {
+		s.IdleTimeout = DefaultTCPIdleTimeout
+		if s.Protocol == ProtocolUDP {
+			s.IdleTimeout = DefaultUDPIdleTimeout
+		}
+	}
 	if s.Balance == "" {
 		switch {
 		case s.VIP != "":

@@ -98,6 +98,9 @@ const (
 	DefaultHealthPath         = health.DefaultPath
 	DefaultHealthyThreshold   = health.DefaultHealthyThreshold
 	DefaultUnhealthyThreshold = health.DefaultUnhealthyThreshold
+	// Idle timeouts of the XDP connection table, as IPVS's: UDP 300 s, TCP 900 s.
+	DefaultUDPIdleTimeout = 300 * time.Second
+	DefaultTCPIdleTimeout = 900 * time.Second
 )
 
 // Limits checked by Parse.
@@ -110,6 +113,9 @@ const (
 	MaxWeight = 10000
 	// MaxTableSize is Envoy's largest Maglev table.
 	MaxTableSize = 5000011
+	// MaxVIPTableSize is the largest Maglev table of a vip service: the XDP forwarder's
+	// (every tier must build the same table, so a larger one is an error, not a cap).
+	MaxVIPTableSize = 65537
 	// MaxRingSize is Envoy's largest ring (8M entries).
 	MaxRingSize = chash.MaxRingSize
 	// GRPCMaxRingSize is where grpc-go caps a ring by default.
@@ -147,9 +153,12 @@ type Service struct {
 	// when the service has none (grpc, or a VIP-only tcp/udp service).
 	Listen string
 	// VIP is the XDP forwarder's "ip:port" as written (tcp and udp only).
-	VIP      string
-	Affinity Affinity
-	Balance  string // BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash
+	VIP string
+	// IdleTimeout is how long the XDP forwarder's connection table keeps a flow of the
+	// VIP that sends nothing (vip services only; defaults per protocol).
+	IdleTimeout time.Duration
+	Affinity    Affinity
+	Balance     string // BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash
 	// Hash is zero unless Balance is maglev or ring_hash. TableSize is set
 	// only for maglev; ring sizes are set for both (maglev falls back to the
 	// ring where Maglev is missing, as in gRPC).

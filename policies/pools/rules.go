@@ -154,6 +154,9 @@ func (st *svcState) modeOK() bool { return st.good("affinity.mode") && st.good("
 // validateServed: where the service is served (listen, vip) against its protocol.
 func (d *decoder) validateServed(st *svcState) {
 	s, l4 := st.s, st.s.l4()
+	if st.has("idle_timeout") && !st.has("vip") {
+		d.errorf(st.keyPos("idle_timeout"), "idle_timeout applies to vip services (the XDP forwarder's connection table)")
+	}
 	if st.has("vip") && !l4 {
 		d.errorf(st.keyPos("vip"), "vip applies to tcp and udp services (the XDP forwarder is L4); %s is %s", s.Name, s.Protocol)
 	}
@@ -252,6 +255,9 @@ func (d *decoder) validateHash(st *svcState) {
 		}
 		if s.Protocol == ProtocolGRPC && h.MaxRingSize > GRPCMaxRingSize {
 			d.warnf(st.pos("hash.max_ring_size"), "gRPC caps rings at %d entries; its clients will build a smaller ring than Envoy's (max_ring_size %d)", GRPCMaxRingSize, h.MaxRingSize)
+		}
+		if s.VIP != "" && st.good("hash.table_size") && h.TableSize > MaxVIPTableSize {
+			d.errorf(st.pos("hash.table_size"), "table_size %d: a vip service's Maglev table holds at most %d slots (the XDP forwarder's largest)", h.TableSize, MaxVIPTableSize)
 		}
 		if s.Balance == BalanceMaglev && st.good("hash.table_size") && uint64(len(s.Backends)) > h.TableSize {
 			d.errorf(st.pos("hash.table_size"), "table_size %d is smaller than the %d backends", h.TableSize, len(s.Backends))

@@ -3,6 +3,7 @@ package pools
 import (
 	"math"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -16,7 +17,7 @@ import (
 // a test holds the two together.
 var schema = map[string][]string{
 	pathFile:        {"services"},
-	pathService:     {"name", "protocol", "listen", "vip", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"},
+	pathService:     {"name", "protocol", "listen", "vip", "idle_timeout", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"},
 	pathAffinity:    {"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"},
 	pathCookie:      {"name", "path"},
 	pathAppCookie:   {"name", "mode"},
@@ -186,7 +187,8 @@ func (d *decoder) decodeNameAndProtocol(st *svcState, fs map[string]field) {
 	}
 }
 
-// decodeAddresses decodes where the service is served: listen (Envoy) and vip (XDP).
+// decodeAddresses decodes where the service is served: listen (Envoy) and vip (XDP), and
+// the vip's connection-table idle timeout.
 func (d *decoder) decodeAddresses(st *svcState, fs map[string]field) {
 	for _, a := range []struct {
 		name string
@@ -201,6 +203,16 @@ func (d *decoder) decodeAddresses(st *svcState, fs map[string]field) {
 			st.bad[a.name] = true
 		} else {
 			*a.dst = v
+		}
+	}
+	if f, ok := fs["idle_timeout"]; ok {
+		if v, ok := d.duration(f); !ok {
+			st.bad["idle_timeout"] = true
+		} else if v < time.Second {
+			d.errorf(f.val, "idle_timeout %s: want at least 1s (the XDP connection table keeps an idle flow this long)", v)
+			st.bad["idle_timeout"] = true
+		} else {
+			st.s.IdleTimeout = v
 		}
 	}
 }

@@ -1,3 +1,6 @@
+// The forwarder's maps as the loader writes them: VIPs and their Maglev tables, backends,
+// QUIC server_ids, names.
+
 package l4xdp
 
 import (
@@ -6,40 +9,31 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
 
-// Affinity flags of a VIP (mirrors F_* in bpf/lb.c).
+// Affinity flags of a VIP (mirrors F_* in bpf/consts.h).
 const (
 	FlagSourceIP = 1
 	FlagQUIC     = 2
+	// FlagPanic: every backend of the VIP is down, so its table holds them all (fail open)
+	// and no flow re-picks for its backend being down.
+	FlagPanic = 4
 )
 
-// Path counter indexes (mirrors enum lb_path in bpf/lb.c).
-const (
-	PathPass = iota
-	PathForward
-	PathConnHit
-	PathConnMiss
-	PathFragment
-	PathICMPError
-	PathMalformed
-	PathNoBackend
-	PathIPOptions
-	PathTCPRST
-	PathQUICServerID
-	numPaths
-)
+// pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and
+// `stickylb xdp stats`.
+var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
+	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused"}
 
-// PathNames names the path counters for metrics and `stickylb xdp stats`.
-var PathNames = [numPaths]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
-	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id"}
+const numPaths = uint32(len(pathNames))
 
 // MaxTableSize is the largest Maglev table a VIP may use (the inner map's size).
 const MaxTableSize = 65537
 
-// Backend flags (mirror B_* in bpf/lb.c).
+// Backend flags (mirror B_* in bpf/consts.h).
 const (
 	backendAlive = 1
 	backendDown  = 2
@@ -57,35 +51,106 @@ const maxName = len(lbName{}.S) - 1
 // emptySlot marks a table slot with no backend (an empty pool).
 const emptySlot = ^uint32(0)
 
-// Forwarder holds the loaded program and its maps.
-type Forwarder struct {
+// Connection-table defaults (see Options).
+const (
+	DefaultConnTableSize = 1 << 20
+	// DefaultInsertCap is Katran's MAX_CONN_RATE: new entries a CPU may make per second.
+	DefaultInsertCap = 125000
+	// Idle timeouts of a VIP's flows when the VIP sets none, as IPVS's.
+	defaultTCPIdle = 900 * time.Second
+	defaultUDPIdle = 300 * time.Second
+)
+
+// Options size the connection table and its flood guard.
+type Options struct {
+	// ConnTableSize is the connection table's entries (0: DefaultConnTableSize). An
+	// established flow survives a flood as long as the inserts the cap lets through between
+	// two of its packets stay well below this.
+	ConnTableSize uint32
+	// InsertCap is the new entries each CPU may make per second (0: DefaultInsertCap;
+	// negative: no cap). Above it a new flow is forwarded by the table, not remembered.
+	InsertCap int
+}
+
+func (o Options) tableSize() uint32 {
+	if o.ConnTableSize == 0 {
+		return DefaultConnTableSize
+	}
+	return o.ConnTableSize
+}
+
+func (o Options) insertCap() uint32 {
+	switch {
+	case o.InsertCap == 0:
+		return DefaultInsertCap
+	case o.InsertCap < 0:
+		return 0 // the program's "no cap"
+	}
+	return uint32(o.InsertCap)
+}
+
+// spec is the forwarder's object with o applied.
+func (o Options) spec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadLb()
+	if err != nil {
+		return nil, fmt.Errorf("reading the forwarder's object: %w", err)
+	}
+	spec.Maps["conns"].MaxEntries = o.tableSize()
+	return spec, nil
+}
+
+// configure writes o into the loaded program's config map.
+func (f *Tables) configure(o Options) error {
+	if err := f.objs.Config.Put(uint32(0), lbLbConfig{InsertCap: o.insertCap()}); err != nil {
+		return fmt.Errorf("writing the forwarder's config: %w", err)
+	}
+	return nil
+}
+
+// Tables is the loaded forwarder program and the maps it reads: the loader writes VIPs,
+// Maglev tables and backends through it (bpf/lb.c does the forwarding), and reads its
+// counters.
+type Tables struct {
 	objs lbObjects
 }
 
-// Load loads the program into the kernel (nothing attached yet).
-func Load() (*Forwarder, error) {
-	f := &Forwarder{}
-	if err := loadLbObjects(&f.objs, nil); err != nil {
+// loadTables loads the program into the kernel with fresh maps, nothing attached or pinned
+// (the fixtures and benchmarks run it through BPF_PROG_RUN; a loader uses Open).
+func loadTables(o Options) (*Tables, error) {
+	spec, err := o.spec()
+	if err != nil {
+		return nil, err
+	}
+	f := &Tables{}
+	if err := spec.LoadAndAssign(&f.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("loading the XDP program: %+v", ve)
 		}
 		return nil, fmt.Errorf("loading the XDP program (needs root or CAP_BPF): %w", err)
 	}
+	if err := f.configure(o); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return f, nil
 }
 
 // Close releases the program and maps held by this process (pinned ones stay).
-func (f *Forwarder) Close() error { return f.objs.Close() }
+func (f *Tables) Close() error { return f.objs.Close() }
 
 // Program is the forwarder's XDP program.
-func (f *Forwarder) Program() *ebpf.Program { return f.objs.StickylbXdp }
+func (f *Tables) Program() *ebpf.Program { return f.objs.StickylbXdp }
 
-// FloorProgram is a MAC-swap XDP_TX program, the floor of the benchmarks.
-func (f *Forwarder) FloorProgram() *ebpf.Program { return f.objs.FloorXdp }
-
-// PassProgram returns XDP_PASS (for the peers of veths that XDP_TX into).
-func (f *Forwarder) PassProgram() *ebpf.Program { return f.objs.PassXdp }
+// LoadPass loads the XDP_PASS program of `stickylb xdp pass` (for the peers of veths that
+// XDP_TX into), from its own small object; Close releases it.
+func LoadPass() (*ebpf.Program, error) {
+	var objs passObjects
+	if err := loadPassObjects(&objs, nil); err != nil {
+		return nil, fmt.Errorf("loading the XDP_PASS program (needs root or CAP_BPF): %w", err)
+	}
+	return objs.PassXdp, nil
+}
 
 func addr16(a netip.Addr) [16]byte { return a.As16() }
 
@@ -96,6 +161,9 @@ type VIP struct {
 	Proto     uint8 // 6 tcp, 17 udp
 	Flags     uint32
 	CIDLength uint32
+	// IdleTimeout is how long a flow may send nothing and keep its entry (0: 900 s for TCP,
+	// 300 s for UDP); whole seconds.
+	IdleTimeout time.Duration
 	// Table is the Maglev table: slot -> backend index (see SetBackend). Its length is the
 	// table size, a prime up to MaxTableSize.
 	Table []uint32
@@ -113,7 +181,7 @@ func (v VIP) key(withPort bool) lbVipKey {
 
 // SetVIP installs or replaces a VIP and its table. The table goes into a fresh inner map
 // that is swapped in whole, so a packet sees the old table or the new one, never a mix.
-func (f *Forwarder) SetVIP(v VIP) error {
+func (f *Tables) SetVIP(v VIP) error {
 	if len(v.Table) == 0 || len(v.Table) > MaxTableSize {
 		return fmt.Errorf("vip %s: table of %d slots (want 1..%d)", v.Addr, len(v.Table), MaxTableSize)
 	}
@@ -132,7 +200,15 @@ func (f *Forwarder) SetVIP(v VIP) error {
 	if err := f.objs.Maglev.Put(v.ID, inner); err != nil {
 		return fmt.Errorf("vip %s: installing its table: %w", v.Addr, err)
 	}
-	meta := lbVipMeta{Id: v.ID, Flags: v.Flags, TableSize: uint32(len(v.Table)), CidLen: v.CIDLength}
+	idle := v.IdleTimeout
+	if idle <= 0 {
+		idle = defaultTCPIdle
+		if v.Proto == 17 {
+			idle = defaultUDPIdle
+		}
+	}
+	meta := lbVipMeta{Id: v.ID, Flags: v.Flags, TableSize: uint32(len(v.Table)), CidLen: v.CIDLength,
+		IdleTimeout: uint32(max(idle/time.Second, 1))}
 	if err := f.objs.Vips.Put(v.key(true), meta); err != nil {
 		return fmt.Errorf("vip %s: %w", v.Addr, err)
 	}
@@ -147,19 +223,22 @@ type Backend struct {
 	MAC     net.HardwareAddr
 	Ifindex uint32 // 0: XDP_TX out of the interface the packet came in on
 	Alive   bool   // false: flows to it re-pick
-	// Down records the loader's health verdict; the program ignores it (a down backend is
-	// simply out of the tables), a restarted loader reads it back.
+	// Down records the health verdict: the backend is out of the tables (unless its VIP is
+	// in panic), its UDP flows re-pick; a restarted loader reads it back.
 	Down bool
+	// Gen is the slot's generation: a connection-table entry made for another generation
+	// (the slot's previous backend) is a miss.
+	Gen uint32
 }
 
 // SetBackend installs backend slot idx.
-func (f *Forwarder) SetBackend(idx uint32, b Backend) error {
+func (f *Tables) SetBackend(idx uint32, b Backend) error {
 	var v lbBackend
 	if len(b.MAC) != 6 {
 		return fmt.Errorf("backend %d: MAC %q is not 6 bytes", idx, b.MAC)
 	}
 	copy(v.Mac[:], b.MAC)
-	v.Ifindex = b.Ifindex
+	v.Ifindex, v.Gen = b.Ifindex, b.Gen
 	if b.Alive {
 		v.Flags |= backendAlive
 	}
@@ -169,8 +248,17 @@ func (f *Forwarder) SetBackend(idx uint32, b Backend) error {
 	return f.objs.Backends.Put(idx, v)
 }
 
+// slotGen is slot idx's current generation (0 for a slot never written).
+func (f *Tables) slotGen(idx uint32) uint32 {
+	var b lbBackend
+	if err := f.objs.Backends.Lookup(idx, &b); err != nil {
+		return 0
+	}
+	return b.Gen
+}
+
 // PruneServerIDs removes every QUIC server_id mapping not in keep.
-func (f *Forwarder) PruneServerIDs(keep map[lbServerKey]uint32) error {
+func (f *Tables) PruneServerIDs(keep map[lbServerKey]uint32) error {
 	var k lbServerKey
 	var v uint32
 	var stale []lbServerKey
@@ -190,14 +278,14 @@ func (f *Forwarder) PruneServerIDs(keep map[lbServerKey]uint32) error {
 }
 
 // zeroCounter resets one per-CPU counter (a slot or id taken by a new name).
-func (f *Forwarder) zeroCounter(m *ebpf.Map, idx uint32) error {
+func (f *Tables) zeroCounter(m *ebpf.Map, idx uint32) error {
 	return m.Put(idx, make([]lbCounter, ebpf.MustPossibleCPU()))
 }
 
 // PruneVIPs removes every VIP not in keep: its (address, port, protocol) and address
 // entries, and the tables of ids no VIP in keep uses. A VIP whose address changed loses its
 // old address here.
-func (f *Forwarder) PruneVIPs(keep []VIP) error {
+func (f *Tables) PruneVIPs(keep []VIP) error {
 	wantVIP, wantAddr, wantID := map[lbVipKey]bool{}, map[lbVipKey]bool{}, map[uint32]bool{}
 	for _, v := range keep {
 		wantVIP[v.key(true)], wantAddr[v.key(false)], wantID[v.ID] = true, true, true
@@ -271,107 +359,7 @@ func names(m *ebpf.Map) (map[uint32]string, error) {
 	return out, it.Err()
 }
 
-// Counter is a packet and byte count.
-type Counter struct {
-	Packets uint64 `json:"packets"`
-	Bytes   uint64 `json:"bytes"`
-}
-
-// Stats are the forwarder's counters: by path (forward, conn_hit, conn_miss, fragment, ...),
-// by VIP (its service) and by backend ("service/backend").
-type Stats struct {
-	Paths    map[string]Counter `json:"paths"`
-	VIPs     map[string]Counter `json:"vips"`
-	Backends map[string]Counter `json:"backends"`
-}
-
-type statsMaps struct{ path, vip, backend, vipNames, backendNames *ebpf.Map }
-
-// Stats sums the per-CPU counters.
-func (f *Forwarder) Stats() (Stats, error) {
-	o := &f.objs
-	return readStats(statsMaps{o.PathStats, o.VipStats, o.BackendStats, o.VipNames, o.BackendNames})
-}
-
-func sumCounter(m *ebpf.Map, idx uint32) (Counter, error) {
-	var per []lbCounter
-	if err := m.Lookup(idx, &per); err != nil {
-		return Counter{}, err
-	}
-	var c Counter
-	for _, x := range per {
-		c.Packets += x.Packets
-		c.Bytes += x.Bytes
-	}
-	return c, nil
-}
-
-func readStats(m statsMaps) (Stats, error) {
-	st := Stats{Paths: map[string]Counter{}, VIPs: map[string]Counter{}, Backends: map[string]Counter{}}
-	for i := uint32(0); i < numPaths; i++ {
-		c, err := sumCounter(m.path, i)
-		if err != nil {
-			return st, fmt.Errorf("reading path counters: %w", err)
-		}
-		st.Paths[PathNames[i]] = c
-	}
-	for _, t := range []struct {
-		names, counters *ebpf.Map
-		into            map[string]Counter
-	}{{m.vipNames, m.vip, st.VIPs}, {m.backendNames, m.backend, st.Backends}} {
-		ns, err := names(t.names)
-		if err != nil {
-			return st, fmt.Errorf("reading names: %w", err)
-		}
-		for idx, name := range ns {
-			c, err := sumCounter(t.counters, idx)
-			if err != nil {
-				return st, fmt.Errorf("reading counters of %s: %w", name, err)
-			}
-			t.into[name] = c
-		}
-	}
-	return st, nil
-}
-
 // SetServerID maps a QUIC server_id of a VIP to a backend slot.
-func (f *Forwarder) SetServerID(vipID uint32, serverID uint16, idx uint32) error {
+func (f *Tables) SetServerID(vipID uint32, serverID uint16, idx uint32) error {
 	return f.objs.ServerIds.Put(lbServerKey{VipId: vipID, ServerId: uint32(serverID)}, idx)
-}
-
-// PathCounts sums the per-CPU path counters' packets.
-func (f *Forwarder) PathCounts() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i := uint32(0); i < numPaths; i++ {
-		c, err := sumCounter(f.objs.PathStats, i)
-		if err != nil {
-			return nil, err
-		}
-		out[PathNames[i]] = c.Packets
-	}
-	return out, nil
-}
-
-// Hash is FNV-1a over b, the hash the program computes (hash_flow, the QUIC DCID hash).
-func Hash(b []byte) uint32 {
-	h := uint32(2166136261)
-	for _, x := range b {
-		h = (h ^ uint32(x)) * 16777619
-	}
-	return h
-}
-
-// FlowHashInput returns the bytes the program hashes for a flow: the source address (16
-// bytes, IPv4 mapped) for source_ip, else source, destination, ports (as they sit in the
-// packet) and protocol.
-func FlowHashInput(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnly bool) []byte {
-	s, d := src.As16(), dst.As16()
-	b := append([]byte{}, s[:]...)
-	if srcOnly {
-		return b
-	}
-	b = append(b, d[:]...)
-	b = binary.BigEndian.AppendUint16(b, sport)
-	b = binary.BigEndian.AppendUint16(b, dport)
-	return append(b, proto)
 }

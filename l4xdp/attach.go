@@ -1,0 +1,197 @@
+// Attaching the forwarder to an interface and pinning its link and maps, so a restarted
+// loader adopts them; detaching.
+
+package l4xdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/policies/health"
+)
+
+// DefaultPinRoot is where the loader pins its link and maps (one directory per interface).
+const DefaultPinRoot = "/sys/fs/bpf/stickylb"
+
+// Mode is the XDP attach mode.
+type Mode string
+
+// Attach modes.
+const (
+	ModeNative  Mode = "native"
+	ModeGeneric Mode = "generic"
+)
+
+// Config configures a Loader.
+type Config struct {
+	Iface   string
+	Mode    Mode
+	PinRoot string // default DefaultPinRoot
+	// HealthOptions are passed to every health checker (tests allow short intervals).
+	HealthOptions []health.Option
+	// Tables sizes the connection table and its flood guard.
+	Tables Options
+}
+
+// transientMaps are the program's maps a loader makes for itself, unpinned: its config
+// (written from its flags) and the per-CPU insert budgets.
+var transientMaps = []string{"config", "insert_budget"}
+
+// pinned maps: the state a restarted loader adopts.
+var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
+	"backend_stats", "vip_names", "backend_names"}
+
+func (c Config) pinDir() string {
+	root := c.PinRoot
+	if root == "" {
+		root = DefaultPinRoot
+	}
+	return filepath.Join(root, c.Iface)
+}
+
+// Open loads the program and attaches it to the interface, adopting the maps and link a
+// previous loader pinned (so a restart drops no flow), or pinning fresh ones.
+func Open(cfg Config, log *zap.Logger) (*Loader, error) {
+	ifc, err := net.InterfaceByName(cfg.Iface)
+	if err != nil {
+		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
+	}
+	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
+		lastDown: map[string]bool{}}
+	l.health = health.NewMonitor(l.onTransition, cfg.HealthOptions...)
+	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
+	}
+	spec, err := cfg.Tables.spec()
+	if err != nil {
+		return nil, err
+	}
+	repl, fresh := l.adoptable(spec)
+	fw := &Tables{}
+	if err := spec.LoadAndAssign(&fw.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		for _, m := range repl {
+			m.Close()
+		}
+		if errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root or with CAP_BPF and CAP_NET_ADMIN): %w", err)
+		}
+		return nil, fmt.Errorf("loading the XDP program: %w", err)
+	}
+	for _, m := range repl { // LoadAndAssign holds its own references
+		m.Close()
+	}
+	l.fw = fw
+	if err := fw.configure(cfg.Tables); err != nil {
+		fw.Close()
+		return nil, err
+	}
+	if err := l.restore(); err != nil {
+		fw.Close()
+		return nil, err
+	}
+	for _, name := range fresh {
+		path := filepath.Join(l.dir, name)
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			fw.Close()
+			return nil, fmt.Errorf("removing the old pinned map %s: %w", name, err)
+		}
+		if err := mapByName(fw, name).Pin(path); err != nil {
+			fw.Close()
+			return nil, fmt.Errorf("pinning map %s: %w", name, err)
+		}
+	}
+	adopted := len(fresh) < len(pinnedMaps)
+	linkPath := filepath.Join(l.dir, "link")
+	if old, err := link.LoadPinnedLink(linkPath, nil); err == nil {
+		// A previous loader's link: swap our program in, atomically, under the same maps.
+		if err := old.Update(fw.Program()); err != nil {
+			old.Close()
+			fw.Close()
+			return nil, fmt.Errorf("updating the pinned XDP link on %s: %w", cfg.Iface, err)
+		}
+		l.lnk = old
+		log.Info("adopted the running forwarder", zap.String("iface", cfg.Iface), zap.Bool("maps", adopted))
+		return l, nil
+	}
+	flags := link.XDPDriverMode
+	if cfg.Mode == ModeGeneric {
+		flags = link.XDPGenericMode
+	}
+	lnk, err := link.AttachXDP(link.XDPOptions{Program: fw.Program(), Interface: ifc.Index, Flags: flags})
+	if err != nil {
+		fw.Close()
+		return nil, fmt.Errorf("attaching XDP (%s mode) to %s: %w", cfg.Mode, cfg.Iface, err)
+	}
+	if err := lnk.Pin(linkPath); err != nil {
+		lnk.Close()
+		fw.Close()
+		return nil, fmt.Errorf("pinning the XDP link: %w", err)
+	}
+	l.lnk = lnk
+	return l, nil
+}
+
+// adoptable opens the maps a previous loader pinned that fit spec (same type, key, value
+// and size), to be reused; it returns them and the names of the maps to make and pin afresh.
+// A pinned map of another layout (an upgrade that changed it) or size (--conn-table-size
+// changed) is replaced: for the connection table, established flows then re-hash once
+// (with Maglev, most land where they were).
+func (l *Loader) adoptable(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, []string) {
+	repl := map[string]*ebpf.Map{}
+	var fresh []string
+	for _, name := range pinnedMaps {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.dir, name), nil)
+		if err != nil {
+			fresh = append(fresh, name)
+			continue
+		}
+		if err := spec.Maps[name].Compatible(m); err != nil {
+			l.log.Warn("a pinned map does not fit this loader (its layout or size changed): starting it afresh",
+				zap.String("map", name), zap.Error(err))
+			m.Close()
+			fresh = append(fresh, name)
+			continue
+		}
+		repl[name] = m
+	}
+	return repl, fresh
+}
+
+func mapByName(fw *Tables, name string) *ebpf.Map {
+	m := fw.objs.lbMaps
+	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
+		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
+		"vip_names": m.VipNames, "backend_names": m.BackendNames}[name]
+}
+
+// Close stops the health checkers and releases this process's handles. The link and maps
+// stay pinned, so the program keeps forwarding until Detach.
+func (l *Loader) Close() error {
+	l.health.Stop() // not under l.mu: a transition being handled takes it
+	err := l.lnk.Close()
+	return errors.Join(err, l.fw.Close())
+}
+
+// Detach removes the program and the pinned state of iface.
+func Detach(cfg Config) error {
+	dir := cfg.pinDir()
+	lnk, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
+	if err != nil {
+		return fmt.Errorf("no stickylb forwarder pinned for %s: %w", cfg.Iface, err)
+	}
+	errs := []error{lnk.Unpin(), lnk.Close()}
+	for _, name := range pinnedMaps {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, os.Remove(dir))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: GPL-2.0
+// Limits, flags and path counter indexes (the Go side mirrors them: consts_test.go checks).
+#pragma once
+
+#include <linux/types.h>
+
+#define MAX_VIPS 256
+#define MAX_BACKENDS 4096
+#define MAGLEV_SIZE 65537 /* largest table; each VIP's own size is in vip_meta */
+#define MAX_CID 20
+#define NSEC_PER_SEC 1000000000ULL
+
+/* The constants the Go side mirrors are enums, each the type of a map key or a field, so
+ * that they reach the object's BTF, where l4xdp's tests compare them with the Go ones. */
+
+enum vip_flags {
+	F_SRC_IP = 1, /* affinity source_ip: hash the source address only */
+	F_QUIC = 2,   /* affinity quic_cid */
+	F_PANIC = 4,  /* every backend is down: the table holds them all (fail open), and no flow
+		       * re-picks for its backend being down */
+};
+
+enum backend_flags {
+	B_ALIVE = 1, /* backend in the pool (draining ones stay alive: their flows hold) */
+	B_DOWN = 2,  /* found down by the health checks: out of the table (unless in panic); its
+		      * UDP flows re-pick, its TCP flows stay (the backend may still answer them).
+		      * A restarted loader reads it back and keeps the backend out of new flows
+		      * until its own checker has seen it. */
+};
+
+/* A connection-table entry's flags. */
+enum conn_flags {
+	C_COUNTED = 1, /* counted in its backend's active connections (weighted least connections) */
+	C_NAT = 2,     /* a NAT flow: its translation lives beside it */
+};
+
+enum lb_path {
+	PATH_PASS = 0,       /* not for a VIP */
+	PATH_FORWARD = 1,    /* forwarded */
+	PATH_CONN_HIT = 2,   /* flow found in the connection table */
+	PATH_CONN_MISS = 3,  /* new flow, picked from Maglev */
+	PATH_FRAGMENT = 4,   /* fragment, hashed by (src, dst, proto) */
+	PATH_ICMP_ERROR = 5, /* ICMP error routed by its inner header */
+	PATH_MALFORMED = 6,  /* truncated or invalid headers for a VIP: dropped */
+	PATH_NO_BACKEND = 7, /* VIP with an empty table: dropped */
+	PATH_IP_OPTIONS = 8, /* IPv4 with options, forwarded */
+	PATH_TCP_RST = 9,    /* RST: forwarded, flow forgotten */
+	PATH_QUIC_SERVER_ID = 10, /* QUIC CID carried a known server_id */
+	PATH_CONN_STALE = 11, /* entry found but not used: another VIP id, a reused slot, idle
+			       * past the VIP's timeout, or a UDP flow of a down backend */
+	PATH_INSERT_REFUSED = 12, /* new flow forwarded but not remembered: the CPU's insert budget
+				   * for this second is spent (flood guard) */
+	PATH_MAX = 16,
+};

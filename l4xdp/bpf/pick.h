@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: GPL-2.0
+// The pick: a flow hash (or a QUIC server_id) to a backend slot through the VIP's Maglev table.
+#pragma once
+
+#include <linux/bpf.h>
+#include "maps.h"
+
+/* FNV-1a, 32 bits (the fixtures compute it from its definition to know each flow's backend). */
+static __always_inline __u32 fnv_step(__u32 h, __u8 b)
+{
+	return (h ^ b) * 16777619u;
+}
+
+static __always_inline __u32 hash_flow(const struct flow *f, int src_only)
+{
+	__u32 h = 2166136261u;
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+		h = fnv_step(h, f->src[i]);
+	if (src_only)
+		return h;
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+		h = fnv_step(h, f->dst[i]);
+	h = fnv_step(h, f->sport & 0xff);
+	h = fnv_step(h, f->sport >> 8);
+	h = fnv_step(h, f->dport & 0xff);
+	h = fnv_step(h, f->dport >> 8);
+	return fnv_step(h, f->proto);
+}
+
+/* pick returns the backend index of hash h in the VIP's table, or -1. */
+static __always_inline int pick(const struct vip_meta *vm, __u32 h)
+{
+	__u32 id = vm->id;
+	void *table = bpf_map_lookup_elem(&maglev, &id);
+	if (!table || vm->table_size == 0)
+		return -1;
+	__u32 slot = h % vm->table_size;
+	__u32 *b = bpf_map_lookup_elem(table, &slot);
+	if (!b || *b == 0xffffffff)
+		return -1;
+	return *b;
+}
+
+/* quic_hash: a known server_id in the DCID picks its backend (*bidx), else the DCID is
+ * hashed. Returns 1 when a server_id decided, 0 when *h holds a hash, -1 when the payload
+ * holds no usable CID (the caller hashes the flow). */
+static __always_inline int quic_pick(void *data_end, __u8 *payload, const struct vip_meta *vm, __u32 *bidx, __u32 *h)
+{
+	__u8 *cid;
+	__u32 len;
+	if (payload + 1 > (__u8 *)data_end)
+		return -1;
+	if (payload[0] & 0x80) { /* long header: version (4), DCID length (1), DCID */
+		if (payload + 6 > (__u8 *)data_end)
+			return -1;
+		len = payload[5];
+		cid = payload + 6;
+	} else { /* short header: DCID of the VIP's length */
+		len = vm->cid_len;
+		cid = payload + 1;
+	}
+	if (len == 0 || len > MAX_CID)
+		return -1;
+	if (len >= 3 && cid + 3 <= (__u8 *)data_end) {
+		struct server_key sk = {.vip_id = vm->id, .server_id = ((__u32)cid[1] << 8) | cid[2]};
+		__u32 *b = bpf_map_lookup_elem(&server_ids, &sk);
+		if (b) {
+			struct backend *be = bpf_map_lookup_elem(&backends, b);
+			if (be && (be->flags & B_ALIVE)) {
+				*bidx = *b;
+				return 1;
+			}
+		}
+	}
+	__u32 hh = 2166136261u;
+	for (int i = 0; i < MAX_CID; i++) { /* a bounded loop: the verifier walks it */
+		if (i >= len || cid + i + 1 > (__u8 *)data_end)
+			break;
+		hh = fnv_step(hh, cid[i]);
+	}
+	*h = hh;
+	return 0;
+}

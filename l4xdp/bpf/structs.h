@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: GPL-2.0
+// Map keys and values.
+#pragma once
+
+#include <linux/types.h>
+#include "consts.h"
+
+struct vip_key {
+	__u8 addr[16]; /* IPv4 as ::ffff:a.b.c.d */
+	__u16 port;    /* network order; 0 in vip_addrs keys */
+	__u8 proto;
+	__u8 pad;
+};
+
+struct vip_meta {
+	__u32 id;
+	enum vip_flags flags;
+	__u32 table_size;
+	__u32 cid_len;
+	__u32 idle_timeout; /* seconds a flow of this VIP may send nothing and keep its entry */
+};
+
+struct backend {
+	__u8 mac[6];
+	__u16 pad;
+	enum backend_flags flags;
+	__u32 ifindex; /* 0: XDP_TX out of the ingress interface */
+	__u32 gen;     /* bumped by the loader each time the slot changes hands */
+};
+
+struct flow {
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
+ * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
+ * re-picks). Room for what connection counting and NAT need: the flags, and NAT state kept
+ * in a map of its own. */
+struct conn {
+	__u32 backend;         /* slot */
+	__u32 gen;             /* the slot's generation when the flow was pinned to it */
+	__u32 vip_id;
+	enum conn_flags flags;
+	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of a recent packet (refreshed at most
+				* once a second: a write dirties a line every CPU reads) */
+};
+
+/* Written by the loader at start-up (not pinned: each loader writes its own flags). */
+struct lb_config {
+	__u32 insert_cap; /* connection-table inserts a CPU may make per second; 0: no cap */
+	__u32 pad;
+};
+
+/* A CPU's insert budget: inserts made in the current one-second window. */
+struct insert_budget {
+	__u64 window;
+	__u64 used;
+};
+
+struct server_key {
+	__u32 vip_id;
+	__u32 server_id;
+};
+
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* What a VIP id or backend slot stands for, written by the loader and never read here: a
+ * restarted loader keeps the slots the connection table refers to, and `stickylb xdp stats`
+ * names its counters from the pinned maps alone. */
+struct name {
+	char s[128];
+};

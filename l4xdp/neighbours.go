@@ -1,0 +1,71 @@
+// Backend MACs from the neighbour table.
+
+package l4xdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// resolveMACs returns the MAC of every backend: from the pools file, else the neighbour
+// table of the interface, read once a round for all of them, asking the kernel to resolve
+// the missing ones (a datagram each) for up to 3 s.
+func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.HardwareAddr, error) {
+	out := make(map[*pools.Backend]net.HardwareAddr, len(bs))
+	var missing []*pools.Backend
+	for _, b := range bs {
+		if hw := b.HardwareAddr(); hw != nil {
+			out[b] = hw
+		} else {
+			missing = append(missing, b)
+		}
+	}
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
+	deadline := time.Now().Add(3 * time.Second)
+	for len(missing) > 0 {
+		neighs, err := netlink.NeighList(l.iface.Index, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("reading the neighbour table of %s: %w", l.cfg.Iface, err)
+		}
+		known := make(map[netip.Addr]net.HardwareAddr, len(neighs))
+		for _, n := range neighs {
+			if a, ok := netip.AddrFromSlice(n.IP); ok && len(n.HardwareAddr) == 6 && n.State&usable != 0 {
+				known[a.Unmap()] = n.HardwareAddr
+			}
+		}
+		still := missing[:0]
+		for _, b := range missing {
+			if hw, ok := known[b.AddrPort().Addr().Unmap()]; ok {
+				out[b] = hw
+			} else {
+				still = append(still, b)
+			}
+		}
+		missing = still
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var errs []error
+			for _, b := range missing {
+				errs = append(errs, fmt.Errorf("backend %s: no MAC in the neighbour table of %s; set mac: in the pools file or make it reachable", b.Address, l.cfg.Iface))
+			}
+			return nil, errors.Join(errs...)
+		}
+		for _, b := range missing { // a datagram makes the kernel resolve the neighbour
+			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.AddrPort().Addr(), 9))); err == nil {
+				c.Write([]byte{0})
+				c.Close()
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return out, nil
+}

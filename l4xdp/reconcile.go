@@ -1,0 +1,247 @@
+// Bringing the maps to a pools file and to the health of its backends.
+
+package l4xdp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// Apply installs f: backends, VIPs and their Maglev tables over the backends that may take
+// new flows (alive, healthy or not yet checked, not draining). Flows already in the
+// connection table keep their backend while it stays in the pool.
+func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.applyLocked(f); err != nil {
+		return err
+	}
+	l.file = f
+	if err := l.health.Apply(ctx, pools.HealthServices(vipServices(f))); err != nil {
+		return fmt.Errorf("health checks: %w", err)
+	}
+	return nil
+}
+
+// vipServices are the services of f the forwarder serves, by name.
+func vipServices(f *pools.File) []*pools.Service {
+	var out []*pools.Service
+	for _, s := range f.Services {
+		if s.VIP != "" {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// applyLocked brings the maps to f in two steps: first everything that can fail (MACs,
+// names, ids), touching no map, so a bad edit leaves the running config whole; then the
+// writes. Slots and ids survive edits and restarts, so the connection table stays right.
+func (l *Loader) applyLocked(f *pools.File) error {
+	served := vipServices(f)
+	slots, ids := map[string]uint32{}, map[string]uint32{}
+	for k, v := range l.slots {
+		slots[k] = v
+	}
+	for k, v := range l.vipIDs {
+		ids[k] = v
+	}
+	// Names that leave go first, so their slots and ids are free for newcomers.
+	inFile := map[string]bool{}
+	for _, s := range served {
+		inFile[s.Name] = true
+		for _, b := range s.Backends {
+			inFile[s.Name+"/"+b.Identity()] = true
+		}
+	}
+	for k := range slots {
+		if !inFile[k] {
+			delete(slots, k)
+		}
+	}
+	for k := range ids {
+		if !inFile[k] {
+			delete(ids, k)
+		}
+	}
+	plan := map[string][]plannedBackend{}
+	idAlloc, slotAlloc := newAllocator(ids, 1, MaxVIPs), newAllocator(slots, 0, MaxBackends)
+	var all []*pools.Backend
+	for _, s := range served {
+		if _, ok := idAlloc.get(s.Name); !ok {
+			return fmt.Errorf("service %s: more than %d VIP services", s.Name, MaxVIPs-1)
+		}
+		for _, b := range s.Backends {
+			key := s.Name + "/" + b.Identity()
+			if len(key) > maxName {
+				return fmt.Errorf("service %s: backend %s: %q is longer than the forwarder's %d-byte names", s.Name, b.Address, key, maxName)
+			}
+			slot, ok := slotAlloc.get(key)
+			if !ok {
+				return fmt.Errorf("service %s: more than %d backends in all", s.Name, MaxBackends)
+			}
+			plan[s.Name] = append(plan[s.Name], plannedBackend{key: key, slot: slot, b: b})
+			all = append(all, b)
+		}
+	}
+	macs, err := l.resolveMACs(all)
+	if err != nil {
+		return err
+	}
+	for name, ps := range plan {
+		for i := range ps {
+			ps[i].mac = macs[ps[i].b]
+		}
+		plan[name] = ps
+	}
+	var errs []error
+	put := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+	var vips []VIP
+	serverIDs := map[lbServerKey]uint32{}
+	for _, s := range served {
+		id := ids[s.Name]
+		n, _ := toName(s.Name)
+		put("naming VIP "+s.Name, l.fw.objs.VipNames.Put(id, n))
+		if newIndex(l.vipIDs, s.Name, id) {
+			put("zeroing the counters of VIP "+s.Name, l.fw.zeroCounter(l.fw.objs.VipStats, id))
+		}
+		// New flows go to the backends that may take them; when every one of those is
+		// down, to all of them (fail open, counted as panic: nothing re-picks then).
+		var hosts, downHosts []chash.Host
+		var hostSlots, downSlots []uint32
+		for _, p := range plan[s.Name] {
+			down := l.unhealthyLocked(s, p.key, p.b)
+			bn, _ := toName(p.key)
+			put("naming backend "+p.key, l.fw.objs.BackendNames.Put(p.slot, bn))
+			gen := l.fw.slotGen(p.slot)
+			if newIndex(l.slots, p.key, p.slot) {
+				// The slot changes hands: entries of its previous backend are misses.
+				gen++
+				put("zeroing the counters of "+p.key, l.fw.zeroCounter(l.fw.objs.BackendStats, p.slot))
+			}
+			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down, Gen: gen}))
+			if p.b.ServerID != 0 {
+				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
+				serverIDs[lbServerKey{VipId: id, ServerId: uint32(p.b.ServerID)}] = p.slot
+			}
+			if p.b.Drain || s.ZoneDrained(p.b.Zone) {
+				continue
+			}
+			h := chash.Host{ID: p.b.Identity(), Weight: p.b.Weight}
+			if down {
+				downHosts, downSlots = append(downHosts, h), append(downSlots, p.slot)
+				continue
+			}
+			hosts, hostSlots = append(hosts, h), append(hostSlots, p.slot)
+		}
+		panicking := len(hosts) == 0 && len(downHosts) > 0
+		if panicking {
+			hosts, hostSlots = downHosts, downSlots
+			l.log.Warn("every backend of the service is down: new flows go to all of them (panic)", zap.String("service", s.Name))
+		}
+		vip, err := l.vipOf(s, id, hosts, hostSlots)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if panicking {
+			vip.Flags |= FlagPanic
+		}
+		put("VIP "+s.Name, l.fw.SetVIP(vip))
+		vips = append(vips, vip)
+	}
+	put("removing VIPs no longer in the file", l.fw.PruneVIPs(vips))
+	put("removing server_ids no longer in the file", l.fw.PruneServerIDs(serverIDs))
+	// Backends no longer in the file leave the pool: their flows re-pick. A slot or id a
+	// newcomer took over in this same edit is the newcomer's now.
+	for key, slot := range l.slots {
+		if _, ok := slots[key]; !ok && !slotAlloc.used[slot] {
+			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false, Gen: l.fw.slotGen(slot) + 1}))
+			put("unnaming backend "+key, l.fw.objs.BackendNames.Put(slot, lbName{}))
+		}
+		if _, ok := slots[key]; !ok {
+			delete(l.lastDown, key)
+		}
+	}
+	for name, id := range l.vipIDs {
+		if _, ok := ids[name]; !ok && !idAlloc.used[id] {
+			put("unnaming VIP "+name, l.fw.objs.VipNames.Put(id, lbName{}))
+		}
+	}
+	l.slots, l.vipIDs = slots, ids
+	return errors.Join(errs...)
+}
+
+// vipOf builds service s's VIP: its key, affinity and Maglev table over hosts.
+func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlots []uint32) (VIP, error) {
+	vip, _ := s.VIPAddrPort()
+	proto := uint8(6)
+	if s.Protocol == pools.ProtocolUDP {
+		proto = 17
+	}
+	size := s.Hash.TableSize // validation keeps vip services' tables within MaxTableSize
+	if size == 0 || size > MaxTableSize {
+		return VIP{}, fmt.Errorf("service %s: table_size %d: want 1..%d", s.Name, size, MaxTableSize)
+	}
+	table := make([]uint32, size)
+	if len(hosts) == 0 {
+		for i := range table {
+			table[i] = emptySlot
+		}
+	} else {
+		m, err := chash.NewMaglev(hosts, size)
+		if err != nil {
+			return VIP{}, fmt.Errorf("service %s: %w", s.Name, err)
+		}
+		for i, h := range m.Table() {
+			table[i] = hostSlots[h]
+		}
+	}
+	v := VIP{ID: id, Addr: vip, Proto: proto, Table: table, IdleTimeout: s.IdleTimeout}
+	switch s.Affinity.Mode {
+	case pools.ModeSourceIP:
+		v.Flags = FlagSourceIP
+	case pools.ModeQUICCID:
+		v.Flags, v.CIDLength = FlagQUIC, uint32(s.Affinity.QUICCID.CIDLength)
+	}
+	return v, nil
+}
+
+// unhealthyLocked: the checker's verdict, or until it has one, the last verdict known.
+func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend) bool {
+	if s.HealthCheck == nil {
+		delete(l.lastDown, key)
+		return false
+	}
+	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
+	if st == health.Unknown {
+		return l.lastDown[key]
+	}
+	l.lastDown[key] = st == health.Unhealthy
+	return l.lastDown[key]
+}
+
+// onTransition rebuilds the tables after a health transition (flows to surviving backends
+// are untouched).
+func (l *Loader) onTransition(service string, tr health.Transition) {
+	l.log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.applyLocked(l.file); err != nil {
+		l.log.Error("rebuilding tables", zap.Error(err))
+	}
+}

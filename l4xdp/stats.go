@@ -1,0 +1,88 @@
+// The forwarder's counters: by path, VIP and backend, from a loader's maps or the pinned ones.
+
+package l4xdp
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// Counter is a packet and byte count.
+type Counter struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// Stats are the forwarder's counters: by path (forward, conn_hit, conn_miss, fragment, ...),
+// by VIP (its service) and by backend ("service/backend").
+type Stats struct {
+	Paths    map[string]Counter `json:"paths"`
+	VIPs     map[string]Counter `json:"vips"`
+	Backends map[string]Counter `json:"backends"`
+}
+
+type statsMaps struct{ path, vip, backend, vipNames, backendNames *ebpf.Map }
+
+// Stats sums the per-CPU counters.
+func (f *Tables) Stats() (Stats, error) {
+	o := &f.objs
+	return readStats(statsMaps{o.PathStats, o.VipStats, o.BackendStats, o.VipNames, o.BackendNames})
+}
+
+func sumCounter(m *ebpf.Map, idx uint32) (Counter, error) {
+	var per []lbCounter
+	if err := m.Lookup(idx, &per); err != nil {
+		return Counter{}, err
+	}
+	var c Counter
+	for _, x := range per {
+		c.Packets += x.Packets
+		c.Bytes += x.Bytes
+	}
+	return c, nil
+}
+
+func readStats(m statsMaps) (Stats, error) {
+	st := Stats{Paths: map[string]Counter{}, VIPs: map[string]Counter{}, Backends: map[string]Counter{}}
+	for i := uint32(0); i < numPaths; i++ {
+		c, err := sumCounter(m.path, i)
+		if err != nil {
+			return st, fmt.Errorf("reading path counters: %w", err)
+		}
+		st.Paths[pathNames[i]] = c
+	}
+	for _, t := range []struct {
+		names, counters *ebpf.Map
+		into            map[string]Counter
+	}{{m.vipNames, m.vip, st.VIPs}, {m.backendNames, m.backend, st.Backends}} {
+		ns, err := names(t.names)
+		if err != nil {
+			return st, fmt.Errorf("reading names: %w", err)
+		}
+		for idx, name := range ns {
+			c, err := sumCounter(t.counters, idx)
+			if err != nil {
+				return st, fmt.Errorf("reading counters of %s: %w", name, err)
+			}
+			t.into[name] = c
+		}
+	}
+	return st, nil
+}
+
+// PinnedStats reads the counters of the forwarder pinned for cfg.Iface, whether or not a
+// loader runs.
+func PinnedStats(cfg Config) (Stats, error) {
+	var m [5]*ebpf.Map
+	for i, name := range []string{"path_stats", "vip_stats", "backend_stats", "vip_names", "backend_names"} {
+		pm, err := ebpf.LoadPinnedMap(filepath.Join(cfg.pinDir(), name), nil)
+		if err != nil {
+			return Stats{}, fmt.Errorf("no stickylb forwarder pinned for %s: %w", cfg.Iface, err)
+		}
+		defer pm.Close()
+		m[i] = pm
+	}
+	return readStats(statsMaps{m[0], m[1], m[2], m[3], m[4]})
+}

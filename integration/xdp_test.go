@@ -369,6 +369,8 @@ func poolsXDPServices(only []string, backends ...string) string {
 		fmt.Fprintf(&b, "  - name: %s\n    protocol: %s\n    vip: %q\n    affinity: {mode: %s}\n    balance: maglev\n", name, proto, vip, mode)
 		if proto == "tcp" {
 			b.WriteString("    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n")
+		} else { // the backends' TCP echo server stands for their health
+			b.WriteString("    health_check: {protocol: tcp, port: 80, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n")
 		}
 		b.WriteString("    backends:\n")
 		for _, h := range backends {
@@ -404,6 +406,7 @@ func TestXDPEndToEnd(t *testing.T) {
 	servers := map[string]*echoServer{}
 	var lp, lp2 *loaderProc
 	var conns []*vconn
+	var udpOnB1 net.Conn // a UDP socket whose flow went to b1
 	echoAll := func(t *testing.T, skip string) {
 		t.Helper()
 		for i, c := range conns {
@@ -503,7 +506,12 @@ func TestXDPEndToEnd(t *testing.T) {
 					t.Fatalf("UDP socket %d moved from %s to %s", i, first, name)
 				}
 			}
-			c.Close()
+			if first == "b1" && udpOnB1 == nil {
+				udpOnB1 = c
+				tp.root.Cleanup(func() { c.Close() })
+			} else {
+				c.Close()
+			}
 			udpSeen[first]++
 		}
 		if len(udpSeen) != 2 {
@@ -561,6 +569,28 @@ func TestXDPEndToEnd(t *testing.T) {
 		})
 		t.Logf("killed backend out of new flows after %s", took.Round(time.Millisecond))
 		echoAll(t, "b1")
+	})
+
+	// b1's UDP server still answers, but b1 is down (its TCP check fails): a UDP flow does
+	// not stay on a down backend (nothing would tell its client), it re-picks. Within the
+	// same detection bound as above.
+	tp.phase("a UDP flow leaves a down backend", func(t *testing.T) {
+		if udpOnB1 == nil {
+			t.Fatal("no UDP socket reached b1")
+		}
+		waitFor(t, 3500*time.Millisecond, "the UDP flow of b1 re-picked", func() (bool, string) {
+			udpOnB1.SetDeadline(time.Now().Add(300 * time.Millisecond))
+			if _, err := udpOnB1.Write([]byte("still there?")); err != nil {
+				return false, err.Error()
+			}
+			buf := make([]byte, 100)
+			n, err := udpOnB1.Read(buf)
+			if err != nil {
+				return false, err.Error()
+			}
+			name, _, _ := strings.Cut(string(buf[:n]), " ")
+			return name != "b1", name
+		})
 	})
 
 	// SIGTERM leaves the program forwarding; a new loader adopts the maps.

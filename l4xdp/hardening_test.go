@@ -202,6 +202,9 @@ func panicTest(t *testing.T, fx *fixture, v VIP, b uint32) {
 	}
 	ret, out := run(t, fx.f.Program(), udp4(t, sport, nil))
 	check(t, "UDP flow in panic", ret, out, xdpTX, udp4(t, sport, backMACs[was]))
+	if c := pathCounts(t, fx.f); c["panic"] != 1 {
+		t.Fatalf("a packet forwarded in panic is not counted: %v", c)
+	}
 }
 
 func flowKey(src, dst netip.Addr, sport, dport uint16, proto uint8) lbFlow {

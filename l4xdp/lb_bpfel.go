@@ -75,6 +75,7 @@ const (
 	lbLbPathPATH_QUIC_SERVER_ID lbLbPath = 10
 	lbLbPathPATH_CONN_STALE     lbLbPath = 11
 	lbLbPathPATH_INSERT_REFUSED lbLbPath = 12
+	lbLbPathPATH_PANIC          lbLbPath = 13
 	lbLbPathPATH_MAX            lbLbPath = 16
 )
 

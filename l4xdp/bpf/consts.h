@@ -50,5 +50,6 @@ enum lb_path {
 			       * past the VIP's timeout, or a UDP flow of a down backend */
 	PATH_INSERT_REFUSED = 12, /* new flow forwarded but not remembered: the CPU's insert budget
 				   * for this second is spent (flood guard) */
+	PATH_PANIC = 13,      /* forwarded for a VIP in panic (every backend down: fail open) */
 	PATH_MAX = 16,
 };

@@ -83,6 +83,8 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 			} else if (!(tflags & T_ICMP) && now > c->last_seen + NSEC_PER_SEC) {
 				c->last_seen = now;
 			}
+			if (vm->flags & F_PANIC)
+				count(&path_stats, PATH_PANIC, len);
 			return forward(ctx, eth, b, bidx, vm->id, len);
 		}
 		count(&path_stats, PATH_CONN_STALE, len);
@@ -120,5 +122,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 			count(&path_stats, PATH_INSERT_REFUSED, len);
 		}
 	}
+	if (vm->flags & F_PANIC)
+		count(&path_stats, PATH_PANIC, len);
 	return forward(ctx, eth, b, bidx, vm->id, len);
 }

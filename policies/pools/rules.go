@@ -224,6 +224,7 @@ func (d *decoder) validateService(st *svcState) {
 		if s.Protocol == ProtocolGRPC && h.MaxRingSize > GRPCMaxRingSize {
 			d.warnf(st.pos("hash.max_ring_size"), "gRPC caps rings at %d entries; its clients will build a smaller ring than Envoy's (max_ring_size %d)", GRPCMaxRingSize, h.MaxRingSize)
 		}
+		d.checkVirtualNodes(st)
 		if s.Balance == BalanceMaglev && st.good("hash.table_size") && uint64(len(s.Backends)) > h.TableSize {
 			d.errorf(st.pos("hash.table_size"), "table_size %d is smaller than the %d backends", h.TableSize, len(s.Backends))
 		}

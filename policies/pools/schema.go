@@ -17,7 +17,7 @@ var (
 	urlFields         = []string{"query", "path_segment", "suffix"}
 	headerFields      = []string{"name"}
 	quicFields        = []string{"cid_length"}
-	hashFields        = []string{"table_size", "min_ring_size", "max_ring_size", "bounded_load"}
+	hashFields        = []string{"table_size", "min_ring_size", "max_ring_size", "virtual_nodes", "bounded_load"}
 	slowStartFields   = []string{"window", "aggression", "min_weight_percent"}
 	healthCheckFields = []string{"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"}
 	backendFields     = []string{"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"}
@@ -442,6 +442,7 @@ func (d *decoder) decodeHash(st *svcState, hf field) {
 	}
 	ring("min_ring_size", &h.MinRingSize)
 	ring("max_ring_size", &h.MaxRingSize)
+	d.decodeVirtualNodes(st, fs)
 	if f, ok := fs["bounded_load"]; ok {
 		v, ok := d.integer(f)
 		switch {

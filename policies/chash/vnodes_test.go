@@ -70,9 +70,9 @@ func TestVirtualNodesPointsPerHost(t *testing.T) {
 	}
 }
 
-// TestVirtualNodesMoveIdeal: 3 -> 4 equal hosts with 160 points each moves about the ideal
+// TestPlanVirtualNodesMoveIdeal: 3 -> 4 equal hosts with 160 points each moves about the ideal
 // 1/4 of 200,000 fixed keys (the fourth host's arcs), the fixed 1024-point ring about 1/3.
-func TestVirtualNodesMoveIdeal(t *testing.T) {
+func TestPlanVirtualNodesMoveIdeal(t *testing.T) {
 	const keys = 200_000
 	moved := func(a, b Picker, ha, hb []Host) float64 {
 		n := 0
@@ -106,7 +106,7 @@ func TestVirtualNodesMoveIdeal(t *testing.T) {
 	}
 }
 
-func TestVirtualNodesRingSize(t *testing.T) {
+func TestValidateVirtualNodesRingSize(t *testing.T) {
 	for _, c := range []struct {
 		hosts []Host
 		v     uint64

@@ -23,10 +23,10 @@ func weightedFile(t testing.TB, protocol, hash string, weights ...int) *pools.Fi
 	return f
 }
 
-// TestVirtualNodesNearIdeal: with virtual_nodes 160, adding a backend moves within 1.15x of
+// TestPlanVirtualNodesNearIdeal: with virtual_nodes 160, adding a backend moves within 1.15x of
 // the ideal share of plan's fixed keys, equal weights or not; the fixed 1024-point ring on
 // the same change does not (its points are shared out again among all backends).
-func TestVirtualNodesNearIdeal(t *testing.T) {
+func TestPlanVirtualNodesNearIdeal(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		old, next  []int
@@ -63,9 +63,9 @@ func TestVirtualNodesNearIdeal(t *testing.T) {
 	}
 }
 
-// TestGRPCRingCapped: a grpc service whose virtual-node ring passes 4096 points shows the
+// TestPlanGRPCRingCapped: a grpc service whose virtual-node ring passes 4096 points shows the
 // ring gRPC clients build (capped at 4096 points, so it moves more), beside Envoy's and Caddy's.
-func TestGRPCRingCapped(t *testing.T) {
+func TestPlanGRPCRingCapped(t *testing.T) {
 	old := weightedFile(t, "grpc", "{virtual_nodes: 160}", 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 	next := weightedFile(t, "grpc", "{virtual_nodes: 160}", 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 	if len(next.Warnings) != 1 || len(old.Warnings) != 0 {

@@ -16,7 +16,7 @@ func vnodesFile(protocol, balance, hash string, weights ...int) string {
 	return b.String()
 }
 
-func TestVirtualNodes(t *testing.T) {
+func TestValidateVirtualNodes(t *testing.T) {
 	f, err := Parse("v.yaml", []byte(vnodesFile("grpc", "ring_hash", "{virtual_nodes: 160}", 3, 1, 2)))
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func TestVirtualNodes(t *testing.T) {
 	}
 }
 
-func TestVirtualNodesErrors(t *testing.T) {
+func TestValidateVirtualNodesErrors(t *testing.T) {
 	for _, c := range []struct {
 		src  string
 		want []string // substrings, each with its file:line:col

@@ -131,6 +131,8 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 		o.MinRingSize, err = uintArg(d)
 	case "max_ring_size":
 		o.MaxRingSize, err = uintArg(d)
+	case "virtual_nodes":
+		o.VirtualNodes, err = uintArg(d)
 	case "max_key_length":
 		o.MaxKeyLength, err = intArg(d, 1)
 	case "fallback":
@@ -235,7 +237,7 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    max_sessions  <n>              # learn mode
 //	    table         <name>           # learn mode: share a table between handlers
 //	    hash          maglev|ring      # learn mode: for values not in the table
-//	    table_size / min_ring_size / max_ring_size / max_key_length <n>
+//	    table_size / min_ring_size / max_ring_size / virtual_nodes / max_key_length <n>
 //	    fallback      <policy> [<args...>]
 //	}
 func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -281,7 +283,7 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	lb_policy sticky_url {
 //	    query <name> | path_segment <n> | suffix <marker>   # exactly one
 //	    ttl / max_sessions / table / no_table / hash / table_size /
-//	    min_ring_size / max_ring_size / max_key_length / fallback
+//	    min_ring_size / max_ring_size / virtual_nodes / max_key_length / fallback
 //	}
 func (s *StickyURL) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
@@ -328,7 +330,7 @@ func (s *StickyURL) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //
 //	lb_policy sticky_header <name> {
 //	    ttl / max_sessions / table / no_table / hash / table_size /
-//	    min_ring_size / max_ring_size / max_key_length / fallback
+//	    min_ring_size / max_ring_size / virtual_nodes / max_key_length / fallback
 //	}
 func (s *StickyHeader) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
@@ -355,7 +357,7 @@ func (s *StickyHeader) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    hash maglev|ring
 //	    table_size <prime>
 //	    ttl <duration>            # keep a table too (default: hash only)
-//	    max_sessions / table / min_ring_size / max_ring_size / fallback
+//	    max_sessions / table / min_ring_size / max_ring_size / virtual_nodes / fallback
 //	}
 func (s *StickyIP) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name

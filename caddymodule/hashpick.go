@@ -30,6 +30,7 @@ type hashPicker struct {
 	algo             string
 	tableSize        uint64
 	minRing, maxRing uint64
+	vnodes           uint64     // ring points per upstream; 0: minRing/maxRing size the ring
 	mu               sync.Mutex // serializes rebuilds
 	cur              atomic.Pointer[hashSnap]
 	rebuilds         atomic.Uint64
@@ -45,9 +46,20 @@ type hashSnap struct {
 	picker   chash.Picker
 }
 
-func newHashPicker(algo string, tableSize, minRing, maxRing uint64) (*hashPicker, error) {
+func newHashPicker(algo string, tableSize, minRing, maxRing, vnodes uint64) (*hashPicker, error) {
 	if c, ok := chash.ParseAlgorithm(algo); ok {
 		algo = c
+	}
+	if vnodes != 0 {
+		switch {
+		case algo != hashRing:
+			return nil, fmt.Errorf("virtual_nodes applies to hash %s (Maglev has no virtual nodes)", hashRing)
+		case minRing != 0 || maxRing != 0:
+			return nil, fmt.Errorf("virtual_nodes and min_ring_size/max_ring_size are exclusive: virtual_nodes sizes the ring from the upstreams")
+		case vnodes > chash.MaxRingSize:
+			return nil, fmt.Errorf("virtual_nodes %d is above %d", vnodes, chash.MaxRingSize)
+		}
+		return &hashPicker{algo: hashRing, vnodes: vnodes, now: time.Now}, nil
 	}
 	switch algo {
 	case "", hashMaglev:
@@ -185,7 +197,17 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 	var err error
 	switch p.algo {
 	case hashRing:
-		picker, err = chash.NewRing(hosts, p.minRing, p.maxRing)
+		switch {
+		case p.vnodes != 0 && p.vnodes*uint64(len(hosts)) <= chash.MaxRingSize:
+			// Upstreams weigh 1 each, so every one gets vnodes points: the ring the xDS
+			// server's sizes give Envoy and gRPC over the same healthy backends.
+			picker, err = chash.NewVirtualNodesRing(hosts, p.vnodes, 1)
+		case p.vnodes != 0:
+			// Past Envoy's largest ring (which a pools file refuses): the largest ring.
+			picker, err = chash.NewRing(hosts, chash.MaxRingSize, chash.MaxRingSize)
+		default:
+			picker, err = chash.NewRing(hosts, p.minRing, p.maxRing)
+		}
 	default:
 		size := p.tableSize
 		for uint64(len(hosts)) > size { // more upstreams than slots: grow to the next prime

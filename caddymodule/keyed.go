@@ -42,6 +42,10 @@ type KeyedOptions struct {
 	// MinRingSize and MaxRingSize size the ring (as Envoy and gRPC). Default 1024 and 4096.
 	MinRingSize uint64 `json:"min_ring_size,omitempty"`
 	MaxRingSize uint64 `json:"max_ring_size,omitempty"`
+	// VirtualNodes gives every upstream this many ring points (hash ring only; exclusive with
+	// MinRingSize and MaxRingSize): the ring then grows with the upstreams, so adding or losing
+	// one moves only its own keys. The pools file's hash.virtual_nodes, on the same ring.
+	VirtualNodes uint64 `json:"virtual_nodes,omitempty"`
 	// MaxKeyLength: keys longer than this are kept in the table by a digest. Default 256.
 	MaxKeyLength int `json:"max_key_length,omitempty"`
 	// FallbackRaw picks the upstream of a request that carries no key. Default
@@ -73,7 +77,7 @@ type keyedCore struct {
 // useTable whether the policy keeps a session table.
 func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, defaultTable string, useTable bool) error {
 	var err error
-	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize); err != nil {
+	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize, o.VirtualNodes); err != nil {
 		return fmt.Errorf("%s: %w", policy, err)
 	}
 	o.MaxKeyLength = o.maxKeyLength()

@@ -84,12 +84,17 @@ func Translate(f *pools.File, node Node, view HealthView) (*Resources, error) {
 		if (s.Protocol == pools.ProtocolTCP || s.Protocol == pools.ProtocolUDP) && s.Listen == "" {
 			continue // a VIP-only service: the XDP forwarder's
 		}
-		c, err := cluster(s)
+		cla := loadAssignment(s, node, view)
+		sized, err := ringSized(s, cla)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: %w", s.Name, err)
+		}
+		c, err := cluster(sized)
 		if err != nil {
 			return nil, fmt.Errorf("service %s: %w", s.Name, err)
 		}
 		r.Clusters = append(r.Clusters, c)
-		r.Endpoints = append(r.Endpoints, loadAssignment(s, node, view))
+		r.Endpoints = append(r.Endpoints, cla)
 		switch s.Protocol {
 		case pools.ProtocolHTTP, pools.ProtocolGRPC:
 			r.Routes = append(r.Routes, routeConfig(s))

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/stickylb/stickylb/policies/plan"
@@ -139,11 +140,40 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tALGORITHM\tCHANGE\tMOVED\tIDEAL\tMOD-N\tNOTE")
+	printPlan(stdout, rs)
+	return 0
+}
+
+// printPlan writes the disruption table: per service the share its algorithm moves, then
+// the classic comparison (mod-N, the ring with the file's settings and its points, Maglev,
+// the ideal), and gRPC clients' ring where their 4096-point cap makes it another ring.
+func printPlan(w io.Writer, rs []plan.Result) {
+	grpcCapped := slices.ContainsFunc(rs, func(r plan.Result) bool { return r.GRPCRing != nil })
+	pct := func(p *float64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f%%", 100**p)
+	}
+	points := func(p *[2]int) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%d->%d", p[0], p[1])
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	head := "SERVICE\tALGORITHM\tCHANGE\tMOVED\tMOD-N\tRING\tRING POINTS\tMAGLEV\tIDEAL"
+	if grpcCapped {
+		head += "\tGRPC RING\tGRPC POINTS"
+	}
+	fmt.Fprintln(tw, head+"\tNOTE")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%.2f%%\t%.2f%%\t%s\n", r.Name, r.Algorithm, r.Change, 100*r.Moved, 100*r.Ideal, 100*r.ModN, r.Note)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Name, r.Algorithm, r.Change,
+			pct(&r.Moved), pct(&r.ModN), pct(r.Ring), points(r.RingPoints), pct(r.Maglev), pct(&r.Ideal))
+		if grpcCapped {
+			line += "\t" + pct(r.GRPCRing) + "\t" + points(r.GRPCRingPoints)
+		}
+		fmt.Fprintln(tw, line+"\t"+r.Note)
 	}
 	tw.Flush()
-	return 0
 }

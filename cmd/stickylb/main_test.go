@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,5 +104,66 @@ func TestPlanJSON(t *testing.T) {
 	bad := write(t, "bad.yaml", "services: 3\n")
 	if code := run([]string{"plan", "--pools", oldP, "--next", bad}, &out, &errb); code != 1 {
 		t.Fatalf("invalid next: exit %d", code)
+	}
+}
+
+func ringPool(weights ...int) string {
+	var b strings.Builder
+	b.WriteString("services:\n  - name: api\n    protocol: grpc\n    affinity: {mode: header, header: {name: x-session}}\n    balance: ring_hash\n    hash: {virtual_nodes: 160}\n    backends:\n")
+	for i, w := range weights {
+		fmt.Fprintf(&b, "      - {address: 10.0.%d.%d:80, weight: %d}\n", i/250, i%250+1, w)
+	}
+	return b.String()
+}
+
+// TestPlanVirtualNodes: the disruption table of a virtual_nodes ring on 3:1:2 -> 3:1:2:2,
+// within 1.15x of the ideal, and the gRPC ring column once gRPC's cap bites.
+func TestPlanVirtualNodes(t *testing.T) {
+	oldP, nextP := write(t, "old.yaml", ringPool(3, 1, 2)), write(t, "next.yaml", ringPool(3, 1, 2, 2))
+	var out, errb bytes.Buffer
+	if code := run([]string{"plan", "--pools", oldP, "--next", nextP, "--json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var got struct {
+		Services []struct {
+			Moved, Ideal, ModN, Ring, Maglev float64
+			RingPoints                       [2]int   `json:"ring_points"`
+			GRPCRing                         *float64 `json:"grpc_ring"`
+		} `json:"services"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || len(got.Services) != 1 {
+		t.Fatalf("%v in %s", err, out.String())
+	}
+	s := got.Services[0]
+	if s.Ideal != 0.25 || s.Moved > 1.15*0.25 || s.Moved < 0.23 || s.Ring != s.Moved || s.RingPoints != [2]int{960, 1280} || s.Maglev < 0.24 || s.GRPCRing != nil {
+		t.Fatalf("%s", out.String())
+	}
+	out.Reset()
+	if code := run([]string{"plan", "--pools", oldP, "--next", nextP}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	t.Logf("\n%s", out.String())
+	for _, w := range []string{"MOD-N", "RING POINTS", "MAGLEV", "IDEAL", "960->1280"} {
+		if !strings.Contains(out.String(), w) || strings.Contains(out.String(), "GRPC RING") {
+			t.Fatalf("want %s (and no GRPC RING) in:\n%s", w, out.String())
+		}
+	}
+	// 25 -> 26 equal backends: 4160 points, past gRPC's cap: a warning, and gRPC's ring.
+	ws := func(n int) []int {
+		w := make([]int, n)
+		for i := range w {
+			w[i] = 1
+		}
+		return w
+	}
+	oldP, nextP = write(t, "old.yaml", ringPool(ws(25)...)), write(t, "next.yaml", ringPool(ws(26)...))
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"plan", "--pools", oldP, "--next", nextP}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	t.Logf("\n%s%s", errb.String(), out.String())
+	if !strings.Contains(out.String(), "GRPC RING") || !strings.Contains(out.String(), "4000->4096") || !strings.Contains(errb.String(), nextP+":6:") || !strings.Contains(errb.String(), "gRPC caps rings at 4096") {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
 	}
 }

@@ -1,7 +1,9 @@
 // Package plan measures what a pools-file change does to sessions before it is rolled out:
 // per service, the share of keys whose backend changes, beside the ideal share (the least
 // any scheme could move, given the change in weights) and the share plain hash mod N would
-// move.
+// move. For hashing services it gives the whole disruption table of classic consistent
+// hashing: mod N, the ring with the file's settings, Maglev, the ideal, and the ring gRPC
+// clients build when their 4096-point cap makes it differ.
 package plan
 
 import (
@@ -31,6 +33,18 @@ type Result struct {
 	Keys      int     `json:"keys"`   // keys measured (0 when the share is computed, not sampled)
 	Change    string  `json:"change"` // "changed", "unchanged", "added" or "removed"
 	Note      string  `json:"note,omitempty"`
+	// The disruption table of a hashing service (balance maglev or ring_hash; nil otherwise):
+	// what the ring with the file's settings (min/max_ring_size or virtual_nodes) and Maglev
+	// (the file's table_size, else 65537) would move over the same backends.
+	Ring   *float64 `json:"ring,omitempty"`
+	Maglev *float64 `json:"maglev,omitempty"`
+	// RingPoints are the ring's points before and after the change (Envoy's and Caddy's).
+	RingPoints *[2]int `json:"ring_points,omitempty"`
+	// GRPCRing is what gRPC clients' ring moves, set for grpc services whose ring gRPC caps
+	// at 4096 points on either side (so those clients pick differently from Envoy and Caddy);
+	// GRPCRingPoints are its points before and after.
+	GRPCRing       *float64 `json:"grpc_ring,omitempty"`
+	GRPCRingPoints *[2]int  `json:"grpc_ring_points,omitempty"`
 }
 
 // Compare measures every service of old and next (by name, in next's order, then the
@@ -114,9 +128,89 @@ func picker(s *pools.Service, hs []chash.Host) (chash.Picker, error) {
 	case pools.BalanceMaglev:
 		return chash.NewMaglev(hs, s.Hash.TableSize)
 	case pools.BalanceRingHash:
-		return chash.NewRing(hs, s.Hash.MinRingSize, s.Hash.MaxRingSize)
+		return ring(s, hs, false)
 	}
 	return nil, nil
+}
+
+func hashing(s *pools.Service) bool {
+	return s.Balance == pools.BalanceMaglev || s.Balance == pools.BalanceRingHash
+}
+
+// ring builds the ring s's settings give over hs, as every tier builds it (Envoy, Caddy, and
+// gRPC below its cap); grpc applies gRPC's cap to both sizes, as grpc-go does. The sizes of
+// virtual_nodes follow hs, as the xDS server sets them per snapshot.
+func ring(s *pools.Service, hs []chash.Host, grpc bool) (*chash.Ring, error) {
+	lo, hi := s.Hash.MinRingSize, s.Hash.MaxRingSize
+	if s.Hash.VirtualNodes != 0 {
+		size, err := chash.VirtualNodesRingSize(hs, s.Hash.VirtualNodes, s.MinWeight())
+		if err != nil {
+			return nil, err
+		}
+		lo, hi = max(size, 1), max(size, 1)
+	}
+	if grpc {
+		lo, hi = min(lo, chash.GRPCRingSizeCap), min(hi, chash.GRPCRingSizeCap)
+	}
+	return chash.NewRing(hs, lo, hi)
+}
+
+// maglev builds s's Maglev table over hs, at the file's table size or Envoy's default.
+func maglev(s *pools.Service, hs []chash.Host) (*chash.Maglev, error) {
+	size := s.Hash.TableSize
+	if size == 0 {
+		size = chash.DefaultMaglevTableSize
+	}
+	return chash.NewMaglev(hs, size)
+}
+
+// table fills r's disruption table: the ring (each side with its own file's settings, or
+// next's when that side does not hash), Maglev, and gRPC's ring when its cap bites.
+func table(r *Result, os, ns *pools.Service, ho, hn []chash.Host, keyHashes []uint64) error {
+	if !hashing(ns) || len(ho) == 0 || len(hn) == 0 {
+		return nil
+	}
+	oh := os
+	if !hashing(os) {
+		oh = ns
+	}
+	share := func(a, b chash.Picker) *float64 {
+		m := movedShare(a, b, ho, hn, keyHashes)
+		return &m
+	}
+	ro, err := ring(oh, ho, false)
+	if err != nil {
+		return fmt.Errorf("building the current ring: %w", err)
+	}
+	rn, err := ring(ns, hn, false)
+	if err != nil {
+		return fmt.Errorf("building the next ring: %w", err)
+	}
+	r.Ring, r.RingPoints = share(ro, rn), &[2]int{ro.Size(), rn.Size()}
+	mo, err := maglev(oh, ho)
+	if err != nil {
+		return fmt.Errorf("building the current Maglev table: %w", err)
+	}
+	mn, err := maglev(ns, hn)
+	if err != nil {
+		return fmt.Errorf("building the next Maglev table: %w", err)
+	}
+	r.Maglev = share(mo, mn)
+	if ns.Protocol != pools.ProtocolGRPC {
+		return nil
+	}
+	go1, err := ring(oh, ho, true)
+	if err != nil {
+		return fmt.Errorf("building the current gRPC ring: %w", err)
+	}
+	gn, err := ring(ns, hn, true)
+	if err != nil {
+		return fmt.Errorf("building the next gRPC ring: %w", err)
+	}
+	if go1.Size() != ro.Size() || gn.Size() != rn.Size() {
+		r.GRPCRing, r.GRPCRingPoints = share(go1, gn), &[2]int{go1.Size(), gn.Size()}
+	}
+	return nil
 }
 
 // movedShare is the share of keys whose host identity differs between a and b (a key with
@@ -188,6 +282,9 @@ func compareService(os, ns *pools.Service, keyHashes []uint64) (Result, error) {
 		}
 		r.Note = "pinned sessions stay; the share moved is that of backends leaving"
 	}
+	if err := table(&r, os, ns, ho, hn, keyHashes); err != nil {
+		return r, err
+	}
 	if slices.EqualFunc(ho, hn, func(a, b chash.Host) bool { return a == b }) && os.Balance == ns.Balance && os.Hash == ns.Hash {
 		r.Change = "unchanged"
 	} else {
@@ -201,5 +298,11 @@ func compareService(os, ns *pools.Service, keyHashes []uint64) (Result, error) {
 func (r Result) rounded() Result {
 	round := func(x float64) float64 { return math.Round(x*1e6) / 1e6 }
 	r.Moved, r.Ideal, r.ModN = round(r.Moved), round(r.Ideal), round(r.ModN)
+	for _, p := range []**float64{&r.Ring, &r.Maglev, &r.GRPCRing} {
+		if *p != nil {
+			v := round(**p)
+			*p = &v
+		}
+	}
 	return r
 }

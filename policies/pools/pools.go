@@ -238,6 +238,12 @@ type Hash struct {
 	TableSize   uint64 // Maglev table size, prime
 	MinRingSize uint64
 	MaxRingSize uint64
+	// VirtualNodes, when not 0 (ring_hash only), gives every backend VirtualNodes x weight /
+	// the service's smallest weight ([Service.MinWeight]) ring points, so a backend keeps its
+	// points while others come and go. The ring sizes are then set from the current backends
+	// (chash.VirtualNodesRingSize) and MinRingSize/MaxRingSize, left at their defaults, are
+	// not used.
+	VirtualNodes uint64
 	// BoundedLoad is Envoy's hash_balance_factor in percent: 0 is off,
 	// otherwise >= 100 (125 lets a host take 1.25x the average load).
 	BoundedLoad uint32

@@ -259,6 +259,7 @@ func (d *decoder) validateHash(st *svcState) {
 		if s.VIP != "" && st.good("hash.table_size") && h.TableSize > MaxVIPTableSize {
 			d.errorf(st.pos("hash.table_size"), "table_size %d: a vip service's Maglev table holds at most %d slots (the XDP forwarder's largest)", h.TableSize, MaxVIPTableSize)
 		}
+		d.checkVirtualNodes(st)
 		if s.Balance == BalanceMaglev && st.good("hash.table_size") && uint64(len(s.Backends)) > h.TableSize {
 			d.errorf(st.pos("hash.table_size"), "table_size %d is smaller than the %d backends", h.TableSize, len(s.Backends))
 		}

@@ -24,7 +24,7 @@ var schema = map[string][]string{
 	pathURL:         {"query", "path_segment", "suffix"},
 	pathHeader:      {"name"},
 	pathQUICCID:     {"cid_length"},
-	pathHash:        {"table_size", "min_ring_size", "max_ring_size", "bounded_load"},
+	pathHash:        {"table_size", "min_ring_size", "max_ring_size", "virtual_nodes", "bounded_load"},
 	pathSlowStart:   {"window", "aggression", "min_weight_percent"},
 	pathHealthCheck: {"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"},
 	pathBackend:     {"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"},
@@ -550,6 +550,7 @@ func (d *decoder) decodeHash(st *svcState, hf field) {
 	}
 	ring("min_ring_size", &h.MinRingSize)
 	ring("max_ring_size", &h.MaxRingSize)
+	d.decodeVirtualNodes(st, fs)
 	if f, ok := fs["bounded_load"]; ok {
 		v, ok := d.integer(f)
 		switch {

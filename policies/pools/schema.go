@@ -372,103 +372,81 @@ func (d *decoder) decodeSessionLimits(st *svcState, fs map[string]field) {
 }
 
 func (d *decoder) decodeCookie(f field) *Cookie {
-	c := &Cookie{}
-	fs, ok := d.fields(f.val, "cookie", schema[pathCookie])
-	if !ok {
-		return c
-	}
-	if g, ok := fs["name"]; ok {
-		if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
-			c.Name = v
+	return sub(d, f, pathCookie, func(c *Cookie, fs map[string]field) {
+		if g, ok := fs["name"]; ok {
+			if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
+				c.Name = v
+			}
 		}
-	}
-	if g, ok := fs["path"]; ok {
-		isPath := func(v string) bool {
-			return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
+		if g, ok := fs["path"]; ok {
+			isPath := func(v string) bool {
+				return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
+			}
+			if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
+				c.Path = v
+			}
 		}
-		if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
-			c.Path = v
-		}
-	}
-	return c
+	})
 }
 
 func (d *decoder) decodeAppCookie(st *svcState, f field) *AppCookie {
-	c := &AppCookie{}
-	fs, ok := d.fields(f.val, "app_cookie", schema[pathAppCookie])
-	if !ok {
-		return c
-	}
-	c.Name = d.requiredName(f, fs, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)",
-		"app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
-	if g, ok := fs["mode"]; ok {
-		isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
-		if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
-			c.Mode = v
-		} else {
-			st.bad["affinity.app_cookie.mode"] = true
+	return sub(d, f, pathAppCookie, func(c *AppCookie, fs map[string]field) {
+		c.Name = d.requiredName(f, fs, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)",
+			"app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
+		if g, ok := fs["mode"]; ok {
+			isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
+			if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
+				c.Mode = v
+			} else {
+				st.bad["affinity.app_cookie.mode"] = true
+			}
 		}
-	}
-	return c
+	})
 }
 
 // decodeURL decodes the one source of a URL key: query, path_segment or suffix.
 func (d *decoder) decodeURL(f field) *URLKey {
-	u := &URLKey{}
-	fs, ok := d.fields(f.val, "url", schema[pathURL])
-	if !ok {
-		return u
-	}
-	var set []string
-	if g, ok := fs["query"]; ok {
-		set = append(set, "query")
-		if v, ok := d.str(g); ok {
-			if v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") {
+	return sub(d, f, pathURL, func(u *URLKey, fs map[string]field) {
+		var set []string
+		if g, ok := fs["query"]; ok {
+			set = append(set, "query")
+			isName := func(v string) bool { return v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") }
+			if v, ok := d.strWhere(g, isName, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)"); ok {
 				u.Source, u.Query = URLQuery, v
-			} else {
-				d.errorf(g.val, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)", v)
 			}
 		}
-	}
-	if g, ok := fs["path_segment"]; ok {
-		set = append(set, "path_segment")
-		if v, ok := d.integer(g); ok {
-			if v >= math.MinInt32 && v <= math.MaxInt32 {
-				u.Source, u.PathSegment = URLPathSegment, int(v)
-			} else {
-				d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
+		if g, ok := fs["path_segment"]; ok {
+			set = append(set, "path_segment")
+			if v, ok := d.integer(g); ok {
+				if v >= math.MinInt32 && v <= math.MaxInt32 {
+					u.Source, u.PathSegment = URLPathSegment, int(v)
+				} else {
+					d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
+				}
 			}
 		}
-	}
-	if g, ok := fs["suffix"]; ok {
-		set = append(set, "suffix")
-		if v, ok := d.str(g); ok {
-			if v != "" && printable(v) && !strings.ContainsAny(v, " \t") {
+		if g, ok := fs["suffix"]; ok {
+			set = append(set, "suffix")
+			isMarker := func(v string) bool { return v != "" && printable(v) && !strings.ContainsAny(v, " \t") }
+			if v, ok := d.strWhere(g, isMarker, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)"); ok {
 				u.Source, u.Suffix = URLSuffix, v
-			} else {
-				d.errorf(g.val, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)", v)
 			}
 		}
-	}
-	switch len(set) {
-	case 0:
-		d.errorf(f.key, "url: set one of query, path_segment or suffix")
-	case 1:
-	default:
-		d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
-	}
-	return u
+		switch len(set) {
+		case 0:
+			d.errorf(f.key, "url: set one of query, path_segment or suffix")
+		case 1:
+		default:
+			d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
+		}
+	})
 }
 
 func (d *decoder) decodeHeader(f field) *HeaderKey {
-	h := &HeaderKey{}
-	fs, ok := d.fields(f.val, "header", schema[pathHeader])
-	if !ok {
-		return h
-	}
-	h.Name = d.requiredName(f, fs, "header name %q: want an HTTP header name such as x-session",
-		"header: name is required (the request header carrying the session key)")
-	return h
+	return sub(d, f, pathHeader, func(h *HeaderKey, fs map[string]field) {
+		h.Name = d.requiredName(f, fs, "header name %q: want an HTTP header name such as x-session",
+			"header: name is required (the request header carrying the session key)")
+	})
 }
 
 // requiredName decodes the name field block f must have, a cookie or header name (an
@@ -484,17 +462,13 @@ func (d *decoder) requiredName(f field, fs map[string]field, bad, missing string
 }
 
 func (d *decoder) decodeQUICCID(f field) *QUICCID {
-	q := &QUICCID{}
-	fs, ok := d.fields(f.val, "quic_cid", schema[pathQUICCID])
-	if !ok {
-		return q
-	}
-	if g, ok := fs["cid_length"]; ok {
-		if v, ok := d.intIn(g, MinCIDLength, MaxCIDLength, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", MinCIDLength, MaxCIDLength); ok {
-			q.CIDLength = int(v)
+	return sub(d, f, pathQUICCID, func(q *QUICCID, fs map[string]field) {
+		if g, ok := fs["cid_length"]; ok {
+			if v, ok := d.intIn(g, MinCIDLength, MaxCIDLength, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", MinCIDLength, MaxCIDLength); ok {
+				q.CIDLength = int(v)
+			}
 		}
-	}
-	return q
+	})
 }
 
 func (d *decoder) decodeHash(st *svcState, hf field) {
@@ -798,6 +772,17 @@ func (d *decoder) intIn(f field, lo, hi int64, format string, args ...any) (int6
 		return 0, false
 	}
 	return v, true
+}
+
+// sub decodes block f (a mapping with the fields of schema[path]) into a new T with fill.
+// A T is returned even when f is not a mapping (that is reported), so the rules know the
+// block was written.
+func sub[T any](d *decoder, f field, path string, fill func(*T, map[string]field)) *T {
+	t := new(T)
+	if fs, ok := d.fields(f.val, f.name, schema[path]); ok {
+		fill(t, fs)
+	}
+	return t
 }
 
 // isHashName reports whether v names a consistent hash (chash.ParseAlgorithm: "ring" is

@@ -48,9 +48,6 @@ type Picker interface {
 // with seed 0 over the key's bytes. Every tier must use it, or the tiers stop agreeing.
 func KeyHash(key string) uint64 { return xxhash.Sum64String(key) }
 
-// KeyHashBytes is [KeyHash] for a key held in a byte slice.
-func KeyHashBytes(b []byte) uint64 { return xxhash.Sum64(b) }
-
 // ErrNoHostID, ErrZeroWeight, ErrDuplicateID and ErrWeightSum classify host-set errors, so a
 // config validator can point at the offending backend.
 var (

@@ -23,9 +23,6 @@ func TestKeyHashIsXXH64Seed0(t *testing.T) {
 		if got := KeyHash(c.in); got != c.want {
 			t.Errorf("KeyHash(%q) = %#x, want %#x", c.in, got, c.want)
 		}
-		if got := KeyHashBytes([]byte(c.in)); got != c.want {
-			t.Errorf("KeyHashBytes(%q) = %#x, want %#x", c.in, got, c.want)
-		}
 	}
 }
 
@@ -278,13 +275,13 @@ func TestPickDoesNotAllocate(t *testing.T) {
 	cold := func(i int) int64 { return 0 }
 	var h uint64 = 12345
 	for name, f := range map[string]func(){
-		"maglev":            func() { h = h*6364136223846793005 + 1; _ = m.Pick(h) },
-		"ring":              func() { h = h*6364136223846793005 + 1; _ = r.Pick(h) },
-		"modn":              func() { h = h*6364136223846793005 + 1; _ = mod.Pick(h) },
-		"bounded/fast":      func() { h = h*6364136223846793005 + 1; _ = PickBounded(m, h, 1.25, cold, 10) },
-		"bounded/probe":     func() { h = h*6364136223846793005 + 1; _ = PickBounded(r, h, 1.25, hot, 10) },
-		"keyhash+maglev":    func() { _ = m.Pick(KeyHash("session-1234567")) },
-		"keyhashbytes+ring": func() { _ = r.Pick(KeyHashBytes([]byte("session-1234567"))) },
+		"maglev":         func() { h = h*6364136223846793005 + 1; _ = m.Pick(h) },
+		"ring":           func() { h = h*6364136223846793005 + 1; _ = r.Pick(h) },
+		"modn":           func() { h = h*6364136223846793005 + 1; _ = mod.Pick(h) },
+		"bounded/fast":   func() { h = h*6364136223846793005 + 1; _ = PickBounded(m, h, 1.25, cold, 10) },
+		"bounded/probe":  func() { h = h*6364136223846793005 + 1; _ = PickBounded(r, h, 1.25, hot, 10) },
+		"keyhash+maglev": func() { _ = m.Pick(KeyHash("session-1234567")) },
+		"keyhash+ring":   func() { _ = r.Pick(KeyHash("session-1234567")) },
 	} {
 		if a := testing.AllocsPerRun(200, f); a != 0 {
 			t.Errorf("%s: %v allocations per pick", name, a)

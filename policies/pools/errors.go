@@ -94,7 +94,7 @@ func (l ErrorList) normalize() ErrorList {
 		first := out[maxErrors]
 		out = append(out[:maxErrors:maxErrors], &Error{
 			File: first.File, Line: first.Line, Col: first.Col,
-			Msg: fmt.Sprintf("too many errors: %d more not shown", rest),
+			Msg: fmt.Sprintf("and %d more errors", rest),
 		})
 	}
 	return out

@@ -21,24 +21,54 @@ const maxVisits = 1 << 22
 
 // decoder walks one document and collects every problem it meets.
 type decoder struct {
-	file    string
-	errs    ErrorList
-	warns   ErrorList
+	file  string
+	errs  ErrorList
+	warns ErrorList
+	// reported holds every problem reported, so a node walked once per alias that names it
+	// is reported once: without it a few aliases of a bad mapping multiply its errors.
+	reported map[Error]bool
+	unknown  map[*yaml.Node]bool // keys reported as unknown fields
+	// known caches fields' answer per mapping: a mapping named by many aliases is read
+	// once, and each later use costs only its visits (which still count against maxVisits).
+	known   map[knownKey]knownFields
 	visits  int
 	spent   bool
 	merging map[*yaml.Node]bool // merge sources being expanded, against cycles
 }
 
 func newDecoder(file string) *decoder {
-	return &decoder{file: file, merging: map[*yaml.Node]bool{}}
+	return &decoder{file: file, merging: map[*yaml.Node]bool{}, reported: map[Error]bool{}, unknown: map[*yaml.Node]bool{}, known: map[knownKey]knownFields{}}
 }
 
 func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
-	d.errs = append(d.errs, d.at(n, format, args...))
+	if e := d.at(n, format, args...); d.first(e) {
+		d.errs = append(d.errs, e)
+	}
 }
 
 func (d *decoder) warnf(n *yaml.Node, format string, args ...any) {
-	d.warns = append(d.warns, d.at(n, format, args...))
+	if e := d.at(n, format, args...); d.first(e) {
+		d.warns = append(d.warns, e)
+	}
+}
+
+// first reports whether e is reported for the first time.
+func (d *decoder) first(e *Error) bool {
+	if d.reported[*e] {
+		return false
+	}
+	d.reported[*e] = true
+	return true
+}
+
+// unknownAt reports whether the unknown field at key is new, before its suggestion is
+// worked out: an aliased mapping is walked once per alias.
+func (d *decoder) unknownAt(key *yaml.Node) bool {
+	if d.unknown[key] {
+		return false
+	}
+	d.unknown[key] = true
+	return true
 }
 
 func (d *decoder) at(n *yaml.Node, format string, args ...any) *Error {
@@ -202,15 +232,41 @@ func (d *decoder) fields(n *yaml.Node, what string, known []string) (map[string]
 	if !d.tick(rn) {
 		return nil, false
 	}
+	k := knownKey{rn, what}
+	if c, ok := d.known[k]; ok {
+		for range c.visits {
+			if !d.tick(rn) {
+				return nil, false
+			}
+		}
+		return c.fs, true
+	}
+	before := d.visits
 	fs := map[string]field{}
 	for _, p := range d.pairs(rn) {
 		if !contains(known, p.name) {
-			d.errorf(p.key, "unknown field %q in %s%s", p.name, what, suggest(p.name, known))
+			if d.unknownAt(p.key) {
+				d.errorf(p.key, "unknown field %q in %s%s", p.name, what, suggest(p.name, known))
+			}
 			continue
 		}
 		fs[p.name] = p
 	}
+	if !d.spent {
+		d.known[k] = knownFields{fs, d.visits - before}
+	}
 	return fs, true
+}
+
+type knownKey struct {
+	n    *yaml.Node
+	what string
+}
+
+// knownFields is fields' answer for one mapping, and how many visits reading it took.
+type knownFields struct {
+	fs     map[string]field
+	visits int
 }
 
 // list returns the entries of a sequence; no value counts as an empty list.
@@ -412,17 +468,15 @@ func contains(list []string, s string) bool {
 }
 
 // suggest returns ` (did you mean "x"?)` for the known name closest to an
-// unknown one: same letters ignoring case, '-' and '_', or at most two edits.
+// unknown one: same letters ignoring case, '-' and '_', or at most two edits. It
+// allocates nothing but its answer and takes time linear in the names' lengths.
 func suggest(name string, known []string) string {
-	norm := func(s string) string {
-		return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s))
-	}
-	best, bestDist := "", 3
+	best, bestDist := "", maxSuggestDistance+1
 	for _, k := range known {
-		if norm(k) == norm(name) {
+		if sameLoosely(k, name) {
 			return fmt.Sprintf(" (did you mean %q?)", k)
 		}
-		if dist := editDistance(name, k); dist < bestDist {
+		if dist := editDistanceWithin(name, k, maxSuggestDistance); dist < bestDist {
 			best, bestDist = k, dist
 		}
 	}
@@ -432,27 +486,81 @@ func suggest(name string, known []string) string {
 	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
-// editDistance is the Levenshtein distance, capped for long inputs since it
-// only ranks suggestions.
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return 64
+// maxSuggestDistance is the most edits a suggestion may be away.
+const maxSuggestDistance = 2
+
+// sameLoosely reports whether a and b spell the same letters ignoring ASCII case, '-'
+// and '_' (maxSessions, max-sessions and max_sessions).
+func sameLoosely(a, b string) bool {
+	i, j := 0, 0
+	for {
+		for i < len(a) && (a[i] == '_' || a[i] == '-') {
+			i++
+		}
+		for j < len(b) && (b[j] == '_' || b[j] == '-') {
+			j++
+		}
+		if i == len(a) || j == len(b) {
+			return i == len(a) && j == len(b)
+		}
+		if lower(a[i]) != lower(b[j]) {
+			return false
+		}
+		i++
+		j++
 	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
+}
+
+func lower(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// editDistanceWithin is the Levenshtein distance of a and b when it is at most max, and
+// max+1 otherwise. It only fills the band of cells within max of the diagonal, so it
+// takes O(len(a) * max) time, and it stops early when no cell of a row is within max.
+func editDistanceWithin(a, b string, max int) int {
+	if d := len(a) - len(b); d > max || -d > max {
+		return max + 1
+	}
+	const inf = 1 << 30
+	var prevBuf, curBuf [64 + 1]int
+	if len(b) > 64 {
+		return max + 1
+	}
+	prev, cur := prevBuf[:len(b)+1], curBuf[:len(b)+1]
 	for j := range prev {
 		prev[j] = j
 	}
 	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
+		lo, hi := i-max, i+max
+		if lo < 1 {
+			lo = 1
+		}
+		if hi > len(b) {
+			hi = len(b)
+		}
+		for j := range cur {
+			cur[j] = inf
+		}
+		if i <= max {
+			cur[0] = i
+		}
+		rowMin := cur[0]
+		for j := lo; j <= hi; j++ {
 			cost := 1
 			if a[i-1] == b[j-1] {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			rowMin = min(rowMin, cur[j])
+		}
+		if rowMin > max {
+			return max + 1
 		}
 		prev, cur = cur, prev
 	}
-	return prev[len(b)]
+	return min(prev[len(b)], max+1)
 }

@@ -127,6 +127,7 @@ func TestEveryRule(t *testing.T) {
 		{"interval range", http("    health_check: {interval: 500ms}\n" + one), "4:30", "health_check interval 500ms out of range 1s..5m0s"},
 		{"timeout not positive", http("    health_check: {timeout: -1s}\n" + one), "4:29", "health_check timeout -1s: want more than 0"},
 		{"timeout over interval", http("    health_check: {interval: 1s, timeout: 3s}\n" + one), "4:43", "health_check timeout 3s must be shorter than the interval 1s"},
+		{"timeout equal to interval", http("    health_check: {interval: 2s, timeout: 2s}\n" + one), "4:43", "health_check timeout 2s must be shorter than the interval 2s"},
 		{"threshold range", http("    health_check: {healthy_threshold: 0}\n" + one), "4:39", "health_check healthy_threshold 0 out of range 1..1000"},
 		{"path on tcp check", http("    health_check: {protocol: tcp, path: /h}\n" + one), "4:35", "health_check path applies to http checks, not tcp"},
 		{"port on icmp check", http("    health_check: {protocol: icmp, port: 80}\n" + one), "4:36", "health_check port does not apply to icmp checks"},

@@ -294,17 +294,27 @@ func (d *decoder) decodeBackends(st *svcState, fs map[string]field) {
 	}
 }
 
+// block reads the service's block called name (affinity, hash, slow_start, health_check)
+// and records its fields as given under "name.".
+func (d *decoder) block(st *svcState, f field, name string) (map[string]field, bool) {
+	fs, ok := d.fields(f.val, name, schema[pathService+"."+name])
+	if !ok {
+		st.bad[name] = true
+		return nil, false
+	}
+	for k, g := range fs {
+		st.given[name+"."+k] = g
+	}
+	return fs, true
+}
+
 // decodeAffinity decodes what identifies a session: the mode, the session table's limits,
 // and the block of the mode (cookie, app_cookie, url, header or quic_cid).
 func (d *decoder) decodeAffinity(st *svcState, af field) {
-	fs, ok := d.fields(af.val, "affinity", schema[pathAffinity])
+	fs, ok := d.block(st, af, "affinity")
 	if !ok {
-		st.bad["affinity"] = true
 		st.bad["affinity.mode"] = true
 		return
-	}
-	for name, f := range fs {
-		st.given["affinity."+name] = f
 	}
 	a := &st.s.Affinity
 	d.decodeMode(st, af, fs)
@@ -365,155 +375,118 @@ func (d *decoder) decodeSessionLimits(st *svcState, fs map[string]field) {
 		}
 	}
 	if f, ok := fs["max_sessions"]; ok {
-		v, ok := d.integer(f)
-		switch {
-		case !ok:
-			st.bad["affinity.max_sessions"] = true
-		case v < 1 || v > MaxSessionsLimit:
-			d.errorf(f.val, "max_sessions %d out of range 1..%d", v, MaxSessionsLimit)
-			st.bad["affinity.max_sessions"] = true
-		default:
+		if v, ok := d.intIn(f, 1, MaxSessionsLimit, "max_sessions %d out of range 1..%d", MaxSessionsLimit); ok {
 			a.MaxSessions = int(v)
+		} else {
+			st.bad["affinity.max_sessions"] = true
 		}
 	}
 }
 
 func (d *decoder) decodeCookie(f field) *Cookie {
-	c := &Cookie{}
-	fs, ok := d.fields(f.val, "cookie", schema[pathCookie])
-	if !ok {
-		return c
-	}
-	if g, ok := fs["name"]; ok {
-		if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
-			c.Name = v
+	return sub(d, f, pathCookie, func(c *Cookie, fs map[string]field) {
+		if g, ok := fs["name"]; ok {
+			if v, ok := d.strWhere(g, validToken, "cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
+				c.Name = v
+			}
 		}
-	}
-	if g, ok := fs["path"]; ok {
-		isPath := func(v string) bool {
-			return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
+		if g, ok := fs["path"]; ok {
+			isPath := func(v string) bool {
+				return strings.HasPrefix(v, "/") && !strings.ContainsAny(v, "; \t\r\n") && printable(v)
+			}
+			if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
+				c.Path = v
+			}
 		}
-		if v, ok := d.strWhere(g, isPath, "cookie path %q: want an absolute path such as / or /app, without ';' or spaces"); ok {
-			c.Path = v
-		}
-	}
-	return c
+	})
 }
 
 func (d *decoder) decodeAppCookie(st *svcState, f field) *AppCookie {
-	c := &AppCookie{}
-	fs, ok := d.fields(f.val, "app_cookie", schema[pathAppCookie])
-	if !ok {
-		return c
-	}
-	if g, ok := fs["name"]; ok {
-		if v, ok := d.strWhere(g, validToken, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)"); ok {
-			c.Name = v
+	return sub(d, f, pathAppCookie, func(c *AppCookie, fs map[string]field) {
+		c.Name = d.requiredName(f, fs, "app_cookie name %q: want a cookie name (letters, digits and !#$%%&'*+-.^_`|~)",
+			"app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
+		if g, ok := fs["mode"]; ok {
+			isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
+			if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
+				c.Mode = v
+			} else {
+				st.bad["affinity.app_cookie.mode"] = true
+			}
 		}
-	} else {
-		d.errorf(f.key, "app_cookie: name is required (the application's session cookie, e.g. JSESSIONID)")
-	}
-	if g, ok := fs["mode"]; ok {
-		isMode := func(v string) bool { return v == AppCookiePrefix || v == AppCookieLearn }
-		if v, ok := d.strWhere(g, isMode, "app_cookie mode %q: want prefix or learn"); ok {
-			c.Mode = v
-		} else {
-			st.bad["affinity.app_cookie.mode"] = true
-		}
-	}
-	return c
+	})
 }
 
 // decodeURL decodes the one source of a URL key: query, path_segment or suffix.
 func (d *decoder) decodeURL(f field) *URLKey {
-	u := &URLKey{}
-	fs, ok := d.fields(f.val, "url", schema[pathURL])
-	if !ok {
-		return u
-	}
-	var set []string
-	if g, ok := fs["query"]; ok {
-		set = append(set, "query")
-		if v, ok := d.str(g); ok {
-			if v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") {
+	return sub(d, f, pathURL, func(u *URLKey, fs map[string]field) {
+		var set []string
+		if g, ok := fs["query"]; ok {
+			set = append(set, "query")
+			isName := func(v string) bool { return v != "" && printable(v) && !strings.ContainsAny(v, "&=#? \t") }
+			if v, ok := d.strWhere(g, isName, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)"); ok {
 				u.Source, u.Query = URLQuery, v
-			} else {
-				d.errorf(g.val, "url query %q: want a query parameter name (no '&', '=', '#', '?' or spaces)", v)
 			}
 		}
-	}
-	if g, ok := fs["path_segment"]; ok {
-		set = append(set, "path_segment")
-		if v, ok := d.integer(g); ok {
-			if v >= math.MinInt32 && v <= math.MaxInt32 {
-				u.Source, u.PathSegment = URLPathSegment, int(v)
-			} else {
-				d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
+		if g, ok := fs["path_segment"]; ok {
+			set = append(set, "path_segment")
+			if v, ok := d.integer(g); ok {
+				if v >= math.MinInt32 && v <= math.MaxInt32 {
+					u.Source, u.PathSegment = URLPathSegment, int(v)
+				} else {
+					d.errorf(g.val, "url path_segment %d out of range (0 is the first segment, -1 the last)", v)
+				}
 			}
 		}
-	}
-	if g, ok := fs["suffix"]; ok {
-		set = append(set, "suffix")
-		if v, ok := d.str(g); ok {
-			if v != "" && printable(v) && !strings.ContainsAny(v, " \t") {
+		if g, ok := fs["suffix"]; ok {
+			set = append(set, "suffix")
+			isMarker := func(v string) bool { return v != "" && printable(v) && !strings.ContainsAny(v, " \t") }
+			if v, ok := d.strWhere(g, isMarker, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)"); ok {
 				u.Source, u.Suffix = URLSuffix, v
-			} else {
-				d.errorf(g.val, "url suffix %q: want a marker such as \";jsessionid=\" (no spaces)", v)
 			}
 		}
-	}
-	switch len(set) {
-	case 0:
-		d.errorf(f.key, "url: set one of query, path_segment or suffix")
-	case 1:
-	default:
-		d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
-	}
-	return u
+		switch len(set) {
+		case 0:
+			d.errorf(f.key, "url: set one of query, path_segment or suffix")
+		case 1:
+		default:
+			d.errorf(f.key, "url: set exactly one of query, path_segment or suffix, not %s", strings.Join(set, " and "))
+		}
+	})
 }
 
 func (d *decoder) decodeHeader(f field) *HeaderKey {
-	h := &HeaderKey{}
-	fs, ok := d.fields(f.val, "header", schema[pathHeader])
+	return sub(d, f, pathHeader, func(h *HeaderKey, fs map[string]field) {
+		h.Name = d.requiredName(f, fs, "header name %q: want an HTTP header name such as x-session",
+			"header: name is required (the request header carrying the session key)")
+	})
+}
+
+// requiredName decodes the name field block f must have, a cookie or header name (an
+// RFC 9110 token); bad reports a bad one (format takes the value), missing a missing one.
+func (d *decoder) requiredName(f field, fs map[string]field, bad, missing string) string {
+	g, ok := fs["name"]
 	if !ok {
-		return h
+		d.errorf(f.key, "%s", missing)
+		return ""
 	}
-	if g, ok := fs["name"]; ok {
-		if v, ok := d.strWhere(g, validToken, "header name %q: want an HTTP header name such as x-session"); ok {
-			h.Name = v
-		}
-	} else {
-		d.errorf(f.key, "header: name is required (the request header carrying the session key)")
-	}
-	return h
+	v, _ := d.strWhere(g, validToken, bad)
+	return v
 }
 
 func (d *decoder) decodeQUICCID(f field) *QUICCID {
-	q := &QUICCID{}
-	fs, ok := d.fields(f.val, "quic_cid", schema[pathQUICCID])
-	if !ok {
-		return q
-	}
-	if g, ok := fs["cid_length"]; ok {
-		if v, ok := d.integer(g); ok {
-			if v >= MinCIDLength && v <= MaxCIDLength {
+	return sub(d, f, pathQUICCID, func(q *QUICCID, fs map[string]field) {
+		if g, ok := fs["cid_length"]; ok {
+			if v, ok := d.intIn(g, MinCIDLength, MaxCIDLength, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", MinCIDLength, MaxCIDLength); ok {
 				q.CIDLength = int(v)
-			} else {
-				d.errorf(g.val, "quic_cid cid_length %d out of range %d..%d (byte 0, then the 2-byte server id, at most QUIC's 20 bytes)", v, MinCIDLength, MaxCIDLength)
 			}
 		}
-	}
-	return q
+	})
 }
 
 func (d *decoder) decodeHash(st *svcState, hf field) {
-	fs, ok := d.fields(hf.val, "hash", schema[pathHash])
+	fs, ok := d.block(st, hf, "hash")
 	if !ok {
-		st.bad["hash"] = true
 		return
-	}
-	for name, f := range fs {
-		st.given["hash."+name] = f
 	}
 	h := &st.s.Hash
 	fail := func(name string) { st.bad["hash."+name] = true }
@@ -537,15 +510,10 @@ func (d *decoder) decodeHash(st *svcState, hf field) {
 		if !ok {
 			return
 		}
-		v, ok := d.integer(f)
-		switch {
-		case !ok:
-			fail(name)
-		case v < 1 || v > MaxRingSize:
-			d.errorf(f.val, "%s %d out of range 1..%d", name, v, MaxRingSize)
-			fail(name)
-		default:
+		if v, ok := d.intIn(f, 1, MaxRingSize, name+" %d out of range 1..%d", MaxRingSize); ok {
 			*dst = uint64(v)
+		} else {
+			fail(name)
 		}
 	}
 	ring("min_ring_size", &h.MinRingSize)
@@ -566,13 +534,9 @@ func (d *decoder) decodeHash(st *svcState, hf field) {
 }
 
 func (d *decoder) decodeSlowStart(st *svcState, sf field) {
-	fs, ok := d.fields(sf.val, "slow_start", schema[pathSlowStart])
+	fs, ok := d.block(st, sf, "slow_start")
 	if !ok {
-		st.bad["slow_start"] = true
 		return
-	}
-	for name, f := range fs {
-		st.given["slow_start."+name] = f
 	}
 	ss := &SlowStart{}
 	st.s.SlowStart = ss
@@ -608,13 +572,9 @@ func (d *decoder) decodeSlowStart(st *svcState, sf field) {
 }
 
 func (d *decoder) decodeHealthCheck(st *svcState, hf field) {
-	fs, ok := d.fields(hf.val, "health_check", schema[pathHealthCheck])
+	fs, ok := d.block(st, hf, "health_check")
 	if !ok {
-		st.bad["health_check"] = true
 		return
-	}
-	for name, f := range fs {
-		st.given["health_check."+name] = f
 	}
 	hc := &HealthCheck{}
 	st.s.HealthCheck = hc
@@ -668,12 +628,8 @@ func (d *decoder) decodeProbe(st *svcState, hc *HealthCheck, fs map[string]field
 		}
 	}
 	if f, ok := fs["port"]; ok {
-		if v, ok := d.integer(f); ok {
-			if v < 1 || v > 65535 {
-				d.errorf(f.val, "health_check port %d out of range 1..65535 (omit it to probe the backend's own port)", v)
-			} else {
-				hc.Port = int(v)
-			}
+		if v, ok := d.intIn(f, 1, 65535, "health_check port %d out of range 1..65535 (omit it to probe the backend's own port)"); ok {
+			hc.Port = int(v)
 		}
 	}
 }
@@ -711,12 +667,7 @@ func (d *decoder) decodeProbeTiming(st *svcState, hc *HealthCheck, fs map[string
 		if !ok {
 			return
 		}
-		v, ok := d.integer(f)
-		switch {
-		case !ok:
-		case v < 1 || v > 1000:
-			d.errorf(f.val, "health_check %s %d out of range 1..1000", name, v)
-		default:
+		if v, ok := d.intIn(f, 1, 1000, "health_check "+name+" %d out of range 1..1000"); ok {
 			*dst = int(v)
 		}
 	}
@@ -794,15 +745,10 @@ func (d *decoder) decodeBackendIdentity(bs *backendState, fs map[string]field) {
 		}
 	}
 	if f, ok := fs["server_id"]; ok {
-		v, ok := d.integer(f)
-		switch {
-		case !ok:
-			fail("server_id")
-		case v < 1 || v > 65535:
-			d.errorf(f.val, "server_id %d out of range 1..65535 (it fills 2 bytes of the QUIC connection ID; 0 means none)", v)
-			fail("server_id")
-		default:
+		if v, ok := d.intIn(f, 1, 65535, "server_id %d out of range 1..65535 (it fills 2 bytes of the QUIC connection ID; 0 means none)"); ok {
 			b.ServerID = uint16(v)
+		} else {
+			fail("server_id")
 		}
 	}
 }
@@ -825,6 +771,31 @@ func (d *decoder) decodeBackendForwarding(bs *backendState, fs map[string]field)
 			fail("drain")
 		}
 	}
+}
+
+// intIn decodes an integer field that must lie in lo..hi; one outside is reported with
+// format, which takes the value, then args.
+func (d *decoder) intIn(f field, lo, hi int64, format string, args ...any) (int64, bool) {
+	v, ok := d.integer(f)
+	if !ok {
+		return 0, false
+	}
+	if v < lo || v > hi {
+		d.errorf(f.val, format, append([]any{v}, args...)...)
+		return 0, false
+	}
+	return v, true
+}
+
+// sub decodes block f (a mapping with the fields of schema[path]) into a new T with fill.
+// A T is returned even when f is not a mapping (that is reported), so the rules know the
+// block was written.
+func sub[T any](d *decoder, f field, path string, fill func(*T, map[string]field)) *T {
+	t := new(T)
+	if fs, ok := d.fields(f.val, f.name, schema[path]); ok {
+		fill(t, fs)
+	}
+	return t
 }
 
 // isHashName reports whether v names a consistent hash (chash.ParseAlgorithm: "ring" is

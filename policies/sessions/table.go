@@ -129,7 +129,7 @@ type Table struct {
 	reconf sync.Mutex // serializes Reconfigure
 }
 
-// New creates a table. name identifies it in a Registry and in stats.
+// New creates a table. name identifies it in stats.
 func New(name string, cfg Config) (*Table, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("creating session table %q: %w", name, err)

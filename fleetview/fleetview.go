@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -168,6 +169,8 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	// Clusters first, so a bad one is reported even while another waits for its endpoints.
+	var incomplete []string
 	for _, name := range names {
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {
@@ -177,18 +180,24 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: %w", name, err)
 		}
-		m, ok := assignments[name]
+		v.File.Services = append(v.File.Services, s)
+	}
+	for _, s := range v.File.Services {
+		m, ok := assignments[s.Name]
 		if !ok {
-			return nil, fmt.Errorf("cluster %s: %w", name, ErrIncomplete)
+			incomplete = append(incomplete, s.Name)
+			continue
 		}
 		cla, ok := m.(*endpointv3.ClusterLoadAssignment)
 		if !ok {
-			return nil, fmt.Errorf("endpoints %s: a %T, not a ClusterLoadAssignment", name, m)
+			return nil, fmt.Errorf("endpoints %s: a %T, not a ClusterLoadAssignment", s.Name, m)
 		}
 		if err := decodeEndpoints(s, cla, v.Verdicts); err != nil {
-			return nil, fmt.Errorf("endpoints %s: %w", name, err)
+			return nil, fmt.Errorf("endpoints %s: %w", s.Name, err)
 		}
-		v.File.Services = append(v.File.Services, s)
+	}
+	if len(incomplete) > 0 {
+		return nil, fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
 	}
 	return v, nil
 }
@@ -363,4 +372,60 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 		}
 	}
 	return nil
+}
+
+// Assembler joins the two halves of the view as an ADS client delivers them (clusters and
+// load assignments come in separate responses) and applies each complete view. Its
+// Clusters and Endpoints methods are the handlers of the two subscriptions: a half that
+// does not decode, or a view Apply refuses, is returned as the error to NACK with, and the
+// half last accepted stays; a half waiting for the other (a new cluster whose endpoints
+// have not come) is accepted without applying anything.
+type Assembler struct {
+	// Apply installs a complete view; an error rejects it (the node keeps what it had).
+	Apply func(*View) error
+
+	mu                  sync.Mutex
+	clusters, endpoints map[string]proto.Message
+}
+
+// Clusters is the handler of the Cluster subscription.
+func (a *Assembler) Clusters(_ string, res map[string]proto.Message) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.try(res, a.endpoints); err != nil {
+		return err
+	}
+	a.clusters = res
+	if a.clusters == nil {
+		a.clusters = map[string]proto.Message{} // received, and empty
+	}
+	return nil
+}
+
+// Endpoints is the handler of the ClusterLoadAssignment subscription.
+func (a *Assembler) Endpoints(_ string, res map[string]proto.Message) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.clusters == nil {
+		// No clusters yet: endpoints alone say nothing (decoding them would be an empty
+		// view, which would remove every VIP a restarted node adopted).
+		a.endpoints = res
+		return nil
+	}
+	if err := a.try(a.clusters, res); err != nil {
+		return err
+	}
+	a.endpoints = res
+	return nil
+}
+
+func (a *Assembler) try(cs, es map[string]proto.Message) error {
+	v, err := Decode(cs, es)
+	if errors.Is(err, ErrIncomplete) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return a.Apply(v)
 }

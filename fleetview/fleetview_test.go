@@ -164,3 +164,39 @@ func TestDecodeRejects(t *testing.T) {
 		t.Fatalf("a cluster without endpoints: %v, want ErrIncomplete", err)
 	}
 }
+
+// TestAssembler: nothing is applied until both halves are there (endpoints first do not
+// empty the forwarder); a view Apply refuses is returned and the half last accepted stays.
+func TestAssembler(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied []*View
+	refuse := false
+	a := &Assembler{Apply: func(v *View) error {
+		if refuse {
+			return errors.New("refused")
+		}
+		applied = append(applied, v)
+		return nil
+	}}
+	cs, ls := Encode(f, nil)
+	c, l := byName(cs, ls)
+	if err := a.Endpoints("1", l); err != nil || len(applied) != 0 {
+		t.Fatalf("endpoints first: %v, %d applied", err, len(applied))
+	}
+	if err := a.Clusters("1", c); err != nil || len(applied) != 1 || len(applied[0].File.Services) != 2 {
+		t.Fatalf("then clusters: %v, %d applied", err, len(applied))
+	}
+	refuse = true
+	c2, _ := byName(Encode(f, nil))
+	delete(c2, "quic")
+	if err := a.Clusters("2", c2); err == nil {
+		t.Fatal("a refused view was accepted")
+	}
+	refuse = false
+	if err := a.Endpoints("3", l); err != nil || len(applied) != 2 || len(applied[1].File.Services) != 2 {
+		t.Fatalf("after a refusal the last accepted clusters stay: %v, %d applied", err, len(applied))
+	}
+}

@@ -22,6 +22,7 @@ import (
 func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.external = nil // the loader's own checks decide
 	if err := l.applyLocked(f); err != nil {
 		return err
 	}
@@ -223,6 +224,10 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlot
 
 // unhealthyLocked: the checker's verdict, or until it has one, the last verdict known.
 func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend) bool {
+	if l.external != nil {
+		l.lastDown[key] = l.external(s.Name, b.Identity()) == health.Unhealthy
+		return l.lastDown[key]
+	}
 	if s.HealthCheck == nil {
 		delete(l.lastDown, key)
 		return false
@@ -241,6 +246,9 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	l.log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.external != nil || l.file == nil {
+		return // fed by a control plane: its verdicts, not this checker's, decide
+	}
 	if err := l.applyLocked(l.file); err != nil {
 		l.log.Error("rebuilding tables", zap.Error(err))
 	}

@@ -127,3 +127,21 @@ func TestXDPConnTableFlags(t *testing.T) {
 		}
 	}
 }
+
+// --xds and --pools exclude each other, and the node flags need --xds: a clear message and
+// exit status 2.
+func TestXDPXDSFlags(t *testing.T) {
+	p := write(t, "pools.yaml", xdpPools)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pools", p, "--xds", "127.0.0.1:18000", "--iface", "lo"}, "--pools and --xds exclude each other"},
+		{[]string{"--pools", p, "--zone", "a", "--iface", "lo"}, "go with --xds"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := xdpCmd(tc.args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+}

@@ -38,6 +38,14 @@ func TestLoaderApplyView(t *testing.T) {
 	if _, bflags := backendAt(t, l.Tables(), down); bflags&backendDown == 0 {
 		t.Fatalf("the backend the control plane found down is not flagged down: %d", bflags)
 	}
+	pt, err := PinnedTables(Config{Iface: "v0", PinRoot: r.pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := pt["a"]; len(a.Table) != int(f.Services[0].Hash.TableSize) || a.Table[0] != "a/10.9.1.1:80" ||
+		len(a.Down) != 1 || a.Down[0] != "a/10.9.1.2:80" || len(pt["q"].Table) == 0 {
+		t.Fatalf("pinned tables by name: a %d slots, first %q, down %v; q %d slots", len(a.Table), a.Table[0], a.Down, len(pt["q"].Table))
+	}
 	// A table size the maps cannot hold, and an affinity the forwarder does not implement:
 	// refused with the reason, nothing written.
 	for _, bad := range []struct {

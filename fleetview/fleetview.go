@@ -48,7 +48,9 @@ type Verdict struct {
 }
 
 // View is what an XDP node applies: the services with a vip (only the fields the
-// forwarder uses are set) and the control plane's verdicts.
+// forwarder uses are set; HealthCheck is non-nil but empty for a service the control plane
+// checks, so a node tells "not probed yet" from "not checked") and the control plane's
+// verdicts.
 type View struct {
 	File *pools.File
 	// Verdicts are keyed by Key(service, identity); a backend not listed is Unknown.
@@ -88,6 +90,7 @@ func encodeCluster(s *pools.Service) *clusterv3.Cluster {
 		"balance":              structpb.NewStringValue(s.Balance),
 		"table_size":           structpb.NewNumberValue(float64(s.Hash.TableSize)),
 		"idle_timeout_seconds": structpb.NewNumberValue(s.IdleTimeout.Seconds()),
+		"health_checked":       structpb.NewBoolValue(s.HealthCheck != nil),
 	}
 	if s.Affinity.QUICCID != nil {
 		f["cid_length"] = structpb.NewNumberValue(float64(s.Affinity.QUICCID.CIDLength))
@@ -283,6 +286,9 @@ func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
 	s.Hash.TableSize = f.uint("table_size", true, math.MaxUint32)
 	s.IdleTimeout = time.Duration(f.uint("idle_timeout_seconds", false, math.MaxUint32)) * time.Second
 	cid := f.uint("cid_length", false, pools.MaxCIDLength)
+	if f.boolean("health_checked") {
+		s.HealthCheck = &pools.HealthCheck{}
+	}
 	if f.err != nil {
 		return nil, f.err
 	}

@@ -23,6 +23,7 @@ const file = `services:
     affinity: {mode: source_ip}
     balance: maglev
     hash: {table_size: 251}
+    health_check: {protocol: tcp}
     drained_zones: [z3]
     backends:
       - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: z1}
@@ -94,6 +95,9 @@ func TestRoundTrip(t *testing.T) {
 		if got.VIP != want.VIP || got.Protocol != want.Protocol || got.Affinity.Mode != want.Affinity.Mode ||
 			got.Balance != want.Balance || got.Hash.TableSize != want.Hash.TableSize || got.IdleTimeout != want.IdleTimeout {
 			t.Errorf("service %s: got %+v, want %+v", got.Name, got, want)
+		}
+		if (got.HealthCheck == nil) != (want.HealthCheck == nil) {
+			t.Errorf("service %s: health checked %v, want %v", got.Name, got.HealthCheck != nil, want.HealthCheck != nil)
 		}
 		if (got.Affinity.QUICCID == nil) != (want.Affinity.QUICCID == nil) ||
 			got.Affinity.QUICCID != nil && got.Affinity.QUICCID.CIDLength != want.Affinity.QUICCID.CIDLength {

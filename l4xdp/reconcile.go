@@ -224,15 +224,18 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlot
 
 // unhealthyLocked: the checker's verdict, or until it has one, the last verdict known.
 func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend) bool {
-	if l.external != nil {
-		l.lastDown[key] = l.external(s.Name, b.Identity()) == health.Unhealthy
-		return l.lastDown[key]
-	}
 	if s.HealthCheck == nil {
 		delete(l.lastDown, key)
 		return false
 	}
-	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
+	var st health.State
+	if l.external != nil {
+		// The control plane's verdict; Unknown from a control plane that has not probed
+		// yet (just restarted) keeps the last one.
+		st = l.external(s.Name, b.Identity())
+	} else {
+		st = l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
+	}
 	if st == health.Unknown {
 		return l.lastDown[key]
 	}

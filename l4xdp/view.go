@@ -12,8 +12,11 @@ import (
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
-// Verdicts says what the control plane decided about a backend (identity id) of a service;
-// Unknown means no verdict, and a backend without one takes new flows, as on Envoy nodes.
+// Verdicts says what the control plane decided about a backend (identity id) of a service.
+// Unknown means no verdict yet: the backend keeps the last verdict this forwarder had (from
+// the pinned maps after a restart), so a control plane that restarts does not put a dead
+// backend back for its first probe; a backend never judged takes new flows. A service
+// whose HealthCheck is nil is not checked: its backends all take new flows.
 type Verdicts func(service, id string) health.State
 
 // ApplyView installs f's vip services with the control plane's verdicts instead of the

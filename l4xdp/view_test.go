@@ -24,6 +24,9 @@ func TestLoaderApplyView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, s := range f.Services {
+		s.HealthCheck = &pools.HealthCheck{} // checked by the control plane, as a view marks it
+	}
 	verdicts := map[string]health.State{"a/10.9.1.2:80": health.Unhealthy}
 	view := func(service, id string) health.State { return verdicts[service+"/"+id] }
 	if err := l.ApplyView(f, view); err != nil {
@@ -65,11 +68,28 @@ func TestLoaderApplyView(t *testing.T) {
 			t.Fatalf("a refused view changed the table: flags %d, slots %v", flags, table)
 		}
 	}
+	// No verdict (a control plane that restarted and has not probed yet): the last stays.
 	verdicts = map[string]health.State{}
 	if err := l.ApplyView(f, view); err != nil {
 		t.Fatal(err)
 	}
+	if _, table := vipTable(t, l.Tables(), 1); !table[up] || table[down] {
+		t.Fatalf("with no verdict the table holds %v: the last verdict (down) should hold", table)
+	}
+	verdicts = map[string]health.State{"a/10.9.1.2:80": health.Healthy}
+	if err := l.ApplyView(f, view); err != nil {
+		t.Fatal(err)
+	}
 	if _, table := vipTable(t, l.Tables(), 1); !table[up] || !table[down] {
-		t.Fatalf("the verdict cleared, the table holds %v", table)
+		t.Fatalf("found healthy again, the table holds %v", table)
+	}
+	// A service the control plane does not check: every backend takes new flows.
+	verdicts = map[string]health.State{"a/10.9.1.2:80": health.Unhealthy}
+	f.Services[0].HealthCheck = nil
+	if err := l.ApplyView(f, view); err != nil {
+		t.Fatal(err)
+	}
+	if _, table := vipTable(t, l.Tables(), 1); !table[up] || !table[down] {
+		t.Fatalf("an unchecked service's table holds %v", table)
 	}
 }

@@ -47,7 +47,6 @@ func newFleetTopo(t *testing.T) *topo {
 		kit.Veth("br", "v"+h, h, "eth0")
 		tp.in("br", "ip", "link", "set", "v"+h, "master", "br0")
 		tp.in(h, "ip", "addr", "add", fleetHosts[h]+"/24", "dev", "eth0")
-		tp.in(h, "ip", "link", "set", "lo", "up")
 		if strings.HasPrefix(h, "b") {
 			tp.in(h, "ip", "addr", "add", vip4+"/32", "dev", "lo")
 			tp.in(h, "sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2",

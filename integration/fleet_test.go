@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -235,6 +236,19 @@ func TestFleetXDPNodes(t *testing.T) {
 		nodes["lb"], nodes["lb2"] = startNode("lb"), startNode("lb2")
 		// The first view, and the control plane's first verdicts (Unknown routes too).
 		waitFor(t, 10*time.Second, "both nodes hold the view", func() (bool, string) { return same("b1", "b2") })
+		// What an operator compares: `stickylb xdp tables` on each node, equal digests.
+		var digests []string
+		for _, lb := range []string{"lb", "lb2"} {
+			var out map[string]struct{ Digest string }
+			js := tp.in(lb, bin, "xdp", "tables", "--iface", "eth0", "--pin-root", pinRoot(lb))
+			if err := json.Unmarshal([]byte(js), &out); err != nil || out["spread"].Digest == "" {
+				t.Fatalf("xdp tables on %s: %v\n%s", lb, err, js)
+			}
+			digests = append(digests, out["spread"].Digest)
+		}
+		if digests[0] != digests[1] {
+			t.Fatalf("table digests differ: %v", digests)
+		}
 		for _, cl := range []string{"cl", "cl2"} {
 			if seen, err := tp.reaches(cl, 20); err != nil || len(seen) != 2 {
 				t.Fatalf("through %s: %v %v", cl, seen, err)

@@ -31,13 +31,14 @@ const xdpUsage = `usage:
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
                                                    the view from a control plane (stickylb xds)
   stickylb xdp stats --iface IF [--pin-root DIR]
+  stickylb xdp tables --iface IF [--pin-root DIR]    each VIP's table: slots per backend, digest
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
 `
 
 func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	sub := ""
-	if len(args) > 0 && (args[0] == "stats" || args[0] == "detach" || args[0] == "pass") {
+	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
 		sub, args = args[0], args[1:]
 	}
 	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
@@ -88,6 +89,8 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "stats":
 		return xdpStats(cfg, stdout, stderr)
+	case "tables":
+		return xdpTables(cfg, stdout, stderr)
 	case "pass":
 		return xdpPass(cfg, stderr)
 	}

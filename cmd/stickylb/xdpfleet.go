@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -86,5 +89,40 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		zap.String("xds", n.server), zap.String("node", n.nodeID), zap.String("zone", n.zone))
 	fmt.Fprintln(stdout, "ready")
 	<-ctx.Done()
+	return 0
+}
+
+// vipTableSummary is one VIP's table as `stickylb xdp tables` prints it: the slots each
+// backend holds, and a digest of the whole table by backend names, which is equal on two
+// nodes that hold the same table (whatever slot numbers each gave its backends).
+type vipTableSummary struct {
+	Slots  map[string]int `json:"slots"`
+	Down   []string       `json:"down,omitempty"`
+	Panic  bool           `json:"panic,omitempty"`
+	Digest string         `json:"digest"`
+}
+
+// xdpTables prints the pinned forwarder's tables, summarised, as JSON.
+func xdpTables(cfg l4xdp.Config, stdout, stderr io.Writer) int {
+	ts, err := l4xdp.PinnedTables(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp tables: %v\n", err)
+		return 1
+	}
+	out := map[string]vipTableSummary{}
+	for svc, t := range ts {
+		s := vipTableSummary{Slots: map[string]int{}, Down: t.Down, Panic: t.Panic}
+		h := sha256.New()
+		for _, name := range t.Table {
+			s.Slots[name]++
+			io.WriteString(h, name)
+			h.Write([]byte{0})
+		}
+		s.Digest = hex.EncodeToString(h.Sum(nil)[:16])
+		out[svc] = s
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(out)
 	return 0
 }

@@ -30,6 +30,9 @@ type Loader struct {
 	// a dead backend does not get new flows back for a restart or a pools-file edit.
 	lastDown map[string]bool
 	health   *health.Monitor // one checker per VIP service with a health_check
+	// external, when set, gives the verdicts instead of health (ApplyView: a loader fed by
+	// a control plane probes nothing).
+	external Verdicts
 }
 
 // Tables returns the loaded program's maps (its counters).

@@ -22,6 +22,7 @@ import (
 func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.external = nil // the loader's own checks decide
 	if err := l.applyLocked(f); err != nil {
 		return err
 	}
@@ -227,7 +228,14 @@ func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend)
 		delete(l.lastDown, key)
 		return false
 	}
-	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
+	var st health.State
+	if l.external != nil {
+		// The control plane's verdict; Unknown from a control plane that has not probed
+		// yet (just restarted) keeps the last one.
+		st = l.external(s.Name, b.Identity())
+	} else {
+		st = l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
+	}
 	if st == health.Unknown {
 		return l.lastDown[key]
 	}
@@ -241,6 +249,9 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	l.log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.external != nil || l.file == nil {
+		return // fed by a control plane: its verdicts, not this checker's, decide
+	}
 	if err := l.applyLocked(l.file); err != nil {
 		l.log.Error("rebuilding tables", zap.Error(err))
 	}

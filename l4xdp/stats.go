@@ -5,6 +5,8 @@ package l4xdp
 import (
 	"fmt"
 	"path/filepath"
+	"sort"
+	"strings"
 
 	"github.com/cilium/ebpf"
 )
@@ -85,4 +87,78 @@ func PinnedStats(cfg Config) (Stats, error) {
 		m[i] = pm
 	}
 	return readStats(statsMaps{m[0], m[1], m[2], m[3], m[4]})
+}
+
+// VIPTable is one VIP's Maglev table as backend names ("service/identity"; "" for an empty
+// slot) and the backends flagged down, as the pinned maps hold them. Two forwarders fed the
+// same view hold equal VIPTables whatever slot numbers each gave its backends.
+type VIPTable struct {
+	Table []string `json:"table"`
+	Down  []string `json:"down,omitempty"`
+	Panic bool     `json:"panic,omitempty"`
+}
+
+// PinnedTables reads the tables of the forwarder pinned for cfg.Iface, by service.
+func PinnedTables(cfg Config) (map[string]VIPTable, error) {
+	open := func(name string) (*ebpf.Map, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(cfg.pinDir(), name), nil)
+		if err != nil {
+			return nil, fmt.Errorf("no stickylb forwarder pinned for %s: %w", cfg.Iface, err)
+		}
+		return m, nil
+	}
+	var ms [5]*ebpf.Map
+	for i, name := range []string{"vips", "maglev", "vip_names", "backend_names", "backends"} {
+		m, err := open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		ms[i] = m
+	}
+	vips, maglev, vipNames, backendNames, backends := ms[0], ms[1], ms[2], ms[3], ms[4]
+	vn, err := names(vipNames)
+	if err != nil {
+		return nil, err
+	}
+	bn, err := names(backendNames)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]VIPTable{}
+	var k lbVipKey
+	var meta lbVipMeta
+	it := vips.Iterate()
+	for it.Next(&k, &meta) {
+		svc := vn[meta.Id]
+		var innerID ebpf.MapID
+		if err := maglev.Lookup(meta.Id, &innerID); err != nil {
+			return nil, fmt.Errorf("the table of VIP %s: %w", svc, err)
+		}
+		inner, err := ebpf.NewMapFromID(innerID)
+		if err != nil {
+			return nil, fmt.Errorf("the table of VIP %s: %w", svc, err)
+		}
+		vt := VIPTable{Table: make([]string, meta.TableSize), Panic: meta.Flags&FlagPanic != 0}
+		for i := uint32(0); i < meta.TableSize; i++ {
+			var slot uint32
+			if err := inner.Lookup(i, &slot); err != nil {
+				inner.Close()
+				return nil, fmt.Errorf("the table of VIP %s: %w", svc, err)
+			}
+			if slot != emptySlot {
+				vt.Table[i] = bn[slot]
+			}
+		}
+		inner.Close()
+		for slot, name := range bn {
+			var b lbBackend
+			if strings.HasPrefix(name, svc+"/") && backends.Lookup(slot, &b) == nil && b.Flags&backendDown != 0 {
+				vt.Down = append(vt.Down, name)
+			}
+		}
+		sort.Strings(vt.Down)
+		out[svc] = vt
+	}
+	return out, it.Err()
 }

@@ -41,6 +41,8 @@ type nodeState struct {
 	// rejected is the version the node NACKed: the server does not build it for this node
 	// again (the cache alone would re-send it forever: a NACK carries the old version).
 	rejected string
+	// subscribed are the type URLs the node asked for (see ackTypes).
+	subscribed map[string]bool
 }
 
 // Server serves one pools file to every node, per node locality.
@@ -54,6 +56,10 @@ type Server struct {
 	// mutate, when set, edits every translation before validation (tests use it to serve
 	// resources a client rejects).
 	mutate func(*Resources)
+	// mutateXDP, when set, edits every XDP view after validation (tests serve views a
+	// node rejects).
+	mutateXDP func(clusters, endpoints []types.Resource)
+	verdicts  verdictTimes
 
 	mu      sync.Mutex
 	file    *pools.File
@@ -98,6 +104,7 @@ var typeURLs = []string{resource.ListenerType, resource.RouteType, resource.Clus
 func (s *Server) onRequest(_ int64, req *discoverygrpc.DiscoveryRequest) error {
 	id := req.GetNode().GetId()
 	s.ensureNode(req.GetNode())
+	s.noteSubscribed(id, req.GetTypeUrl())
 	if d := req.GetErrorDetail(); d != nil {
 		s.nack(id, req.GetTypeUrl(), req.GetResponseNonce(), d.GetMessage())
 		return nil
@@ -118,7 +125,7 @@ func (s *Server) ensureNode(n *corev3.Node) {
 	if _, ok := s.nodes[n.GetId()]; ok {
 		return
 	}
-	ns := &nodeState{node: Node{ID: n.GetId(), Zone: n.GetLocality().GetZone()}, ackedBy: map[string]string{}}
+	ns := &nodeState{node: Node{ID: n.GetId(), Zone: n.GetLocality().GetZone(), Group: groupOf(n)}, ackedBy: map[string]string{}}
 	s.nodes[n.GetId()] = ns
 	if err := s.pushLocked(ns); err != nil {
 		s.log.Error("building the first snapshot", zap.String("node", ns.node.ID), zap.Error(err))
@@ -128,6 +135,9 @@ func (s *Server) ensureNode(n *corev3.Node) {
 // build translates and validates the file for a node. Only the node's zone shapes the
 // result, so callers share one snapshot among a zone's nodes (the cache only reads it).
 func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot, error) {
+	if n.Group == GroupXDP {
+		return s.buildXDP(f, version)
+	}
 	s.Stats.Builds.Add(1)
 	r, err := Translate(f, n, s.view)
 	if err != nil {
@@ -167,7 +177,7 @@ func (s *Server) pushLocked(ns *nodeState) error {
 	}
 	var snap *cachev3.Snapshot
 	for _, o := range s.nodes { // a zone peer's snapshot of this version serves this node too
-		if o != ns && o.node.Zone == ns.node.Zone && o.current != nil && o.current.GetVersion(resource.ClusterType) == v {
+		if o != ns && o.node.shareKey() == ns.node.shareKey() && o.current != nil && o.current.GetVersion(resource.ClusterType) == v {
 			snap = o.current
 			break
 		}
@@ -193,7 +203,7 @@ func (s *Server) ack(id, typeURL, version string) {
 	if ns.current == nil || version != ns.current.GetVersion(typeURL) {
 		return
 	}
-	for _, t := range typeURLs {
+	for _, t := range ns.ackTypes() {
 		if ns.ackedBy[t] != ns.current.GetVersion(t) {
 			return
 		}
@@ -236,13 +246,13 @@ func (s *Server) Update(f *pools.File) error {
 	snaps := map[string]*cachev3.Snapshot{}
 	byZone := map[string]*cachev3.Snapshot{}
 	for id, ns := range s.nodes {
-		snap, ok := byZone[ns.node.Zone]
+		snap, ok := byZone[ns.node.shareKey()]
 		if !ok {
 			var err error
 			if snap, err = s.build(f, ns.node, strconv.Itoa(next)); err != nil {
 				return fmt.Errorf("pools file not applied: %w", err)
 			}
-			byZone[ns.node.Zone] = snap
+			byZone[ns.node.shareKey()] = snap
 		}
 		snaps[id] = snap
 	}

@@ -51,6 +51,8 @@ const OverprovisioningFactor = 1_000_000
 type Node struct {
 	ID   string
 	Zone string // locality zone; "" for a node outside every zone
+	// Group is the node's snapshot group (GroupEnvoy, GroupXDP), from its user agent.
+	Group string
 }
 
 // HealthView says what state the fleet-wide checker sees for a backend; nil or Unknown means

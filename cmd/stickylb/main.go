@@ -4,6 +4,7 @@
 //	stickylb plan --pools OLD --next NEW [--json] [--keys N]
 //	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
 //	stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
+//	stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F --xds-cert F --xds-key F]
 package main
 
 import (
@@ -30,6 +31,8 @@ const usage = `usage:
                                                        serve the pools file to Envoy and gRPC over xDS
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
                                                        forward the pools file's VIPs in XDP (also: xdp stats|detach|pass)
+  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
+                                                       forward the VIPs and verdicts a control plane pushes
 `
 
 // run executes one command and returns the exit status: 0 success, 1 the file (or the

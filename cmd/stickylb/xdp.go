@@ -27,14 +27,18 @@ import (
 const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N]
+  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
+               [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
+                                                   the view from a control plane (stickylb xds)
   stickylb xdp stats --iface IF [--pin-root DIR]
+  stickylb xdp tables --iface IF [--pin-root DIR]    each VIP's table: slots per backend, digest
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
 `
 
 func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	sub := ""
-	if len(args) > 0 && (args[0] == "stats" || args[0] == "detach" || args[0] == "pass") {
+	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
 		sub, args = args[0], args[1:]
 	}
 	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
@@ -47,10 +51,25 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
 	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
+	var xn xdsNode
+	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools")
+	fs.StringVar(&xn.nodeID, "node-id", "", "node id sent to the control plane (default HOST/xdp/IFACE)")
+	fs.StringVar(&xn.zone, "zone", "", "locality zone sent to the control plane")
+	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
+	fs.StringVar(&xn.cert, "xds-cert", "", "client certificate (PEM) for mTLS")
+	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" || *mode != "native" && *mode != "generic" ||
+	if sub == "" && *poolsPath != "" && xn.server != "" {
+		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
+		return 2
+	}
+	if xn.server == "" && (xn.nodeID != "" || xn.zone != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
+		fmt.Fprint(stderr, "stickylb xdp: --node-id, --zone and --xds-* go with --xds\n")
+		return 2
+	}
+	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||
 		*tableSize == 0 || *tableSize > 1<<31 || *insertCap < 0 {
 		fmt.Fprint(stderr, xdpUsage)
 		return 2
@@ -70,12 +89,24 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "stats":
 		return xdpStats(cfg, stdout, stderr)
+	case "tables":
+		return xdpTables(cfg, stdout, stderr)
 	case "pass":
 		return xdpPass(cfg, stderr)
 	}
 	if _, err := net.InterfaceByName(*iface); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
 		return 1
+	}
+	if xn.server != "" {
+		if xn.nodeID == "" {
+			xn.nodeID = defaultNodeID(*iface)
+		}
+		log, _ := zap.NewProduction()
+		defer log.Sync()
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return runXDPFleet(ctx, cfg, xn, *metrics, log, stdout, stderr)
 	}
 	f, ok := load(*poolsPath, stderr)
 	if !ok {

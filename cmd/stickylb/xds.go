@@ -82,6 +82,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
 			zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
 		s.Stats.HealthTransitions.Add(1)
+		s.RecordTransition(service, tr)
 		if err := s.Refresh(); err != nil {
 			log.Error("publishing health", zap.Error(err))
 		}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/adsclient"
+	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/l4xdp"
+)
+
+// xdsNode is how `stickylb xdp --xds` reaches its control plane.
+type xdsNode struct {
+	server, nodeID, zone string
+	ca, cert, key        string
+}
+
+// defaultNodeID is HOST/xdp/IFACE: unique per interface of a host, stable across restarts.
+func defaultNodeID(iface string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	return host + "/xdp/" + iface
+}
+
+// runXDPFleet forwards with the views the control plane pushes, until ctx ends. The loader
+// starts on what a previous loader pinned (so a node restarted while the control plane is
+// down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
+// view the forwarder cannot hold is NACKed with the reason and the last view stays.
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
+	c, err := adsclient.New(adsclient.Config{
+		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
+		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
+	}, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 2
+	}
+	l, err := l4xdp.Open(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
+	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
+	defer l.Close()
+	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
+		if err := l.ApplyView(v.File, v.State); err != nil {
+			return fmt.Errorf("applying the view: %w", err)
+		}
+		log.Info("view applied", zap.Int("services", len(v.File.Services)))
+		return nil
+	}}
+	// Wildcard subscriptions, filtered here: the snapshot cache answers a named one only
+	// when it names every resource of the type.
+	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
+	if err := c.Subscribe(resource.EndpointType, a.Endpoints); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
+	if metrics != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
+		hs := &http.Server{Addr: metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go hs.ListenAndServe()
+		defer hs.Close()
+	}
+	if err := c.Start(ctx); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
+	defer c.Close()
+	log.Info("forwarding", zap.String("iface", cfg.Iface), zap.String("mode", string(cfg.Mode)),
+		zap.String("xds", n.server), zap.String("node", n.nodeID), zap.String("zone", n.zone))
+	fmt.Fprintln(stdout, "ready")
+	<-ctx.Done()
+	return 0
+}
+
+// vipTableSummary is one VIP's table as `stickylb xdp tables` prints it: the slots each
+// backend holds, and a digest of the whole table by backend names, which is equal on two
+// nodes that hold the same table (whatever slot numbers each gave its backends).
+type vipTableSummary struct {
+	Slots  map[string]int `json:"slots"`
+	Down   []string       `json:"down,omitempty"`
+	Panic  bool           `json:"panic,omitempty"`
+	Digest string         `json:"digest"`
+}
+
+// xdpTables prints the pinned forwarder's tables, summarised, as JSON.
+func xdpTables(cfg l4xdp.Config, stdout, stderr io.Writer) int {
+	ts, err := l4xdp.PinnedTables(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp tables: %v\n", err)
+		return 1
+	}
+	out := map[string]vipTableSummary{}
+	for svc, t := range ts {
+		s := vipTableSummary{Slots: map[string]int{}, Down: t.Down, Panic: t.Panic}
+		h := sha256.New()
+		for _, name := range t.Table {
+			s.Slots[name]++
+			io.WriteString(h, name)
+			h.Write([]byte{0})
+		}
+		s.Digest = hex.EncodeToString(h.Sum(nil)[:16])
+		out[svc] = s
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(out)
+	return 0
+}

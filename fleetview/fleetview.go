@@ -1,0 +1,437 @@
+// Package fleetview is the XDP node's view of the fleet as `stickylb xds` serves it and
+// `stickylb xdp --xds` reads it: one Envoy Cluster per service with a vip and one
+// ClusterLoadAssignment per such service, the XDP-only fields carried in
+// metadata.filter_metadata["stickylb"]. Both sides import this package, so the encoding
+// has one definition. It imports the Envoy API types, protobuf and policies only, never an
+// adapter.
+//
+// Envoy types are used, not a type of the project's own, so that go-control-plane's
+// snapshot cache serves them (it refuses unknown type URLs) and Envoy's validation rules
+// check them; a separate snapshot group keeps them from Envoy and gRPC nodes.
+package fleetview
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// MetadataKey is the filter_metadata key of the XDP-only fields.
+const MetadataKey = "stickylb"
+
+// UserAgentXDP is the node.user_agent_name of `stickylb xdp --xds` nodes: the control plane
+// serves them this view instead of the Envoy resources.
+const UserAgentXDP = "stickylb-xdp"
+
+// Verdict is the control plane's health verdict on one backend of one service.
+type Verdict struct {
+	State health.State
+	// Since is when the backend entered State (zero when unknown).
+	Since time.Time
+}
+
+// View is what an XDP node applies: the services with a vip (only the fields the
+// forwarder uses are set; HealthCheck is non-nil but empty for a service the control plane
+// checks, so a node tells "not probed yet" from "not checked") and the control plane's
+// verdicts.
+type View struct {
+	File *pools.File
+	// Verdicts are keyed by Key(service, identity); a backend not listed is Unknown.
+	Verdicts map[string]Verdict
+}
+
+// Key is the Verdicts key of a backend of a service.
+func Key(service, identity string) string { return service + "/" + identity }
+
+// State is the control plane's verdict on the backend with identity id of service.
+func (v *View) State(service, id string) health.State { return v.Verdicts[Key(service, id)].State }
+
+// Encode builds the view of f's services with a vip, in file order of backends (Maglev
+// tables are built in that order), with verdict's health. verdict may be nil (Unknown).
+func Encode(f *pools.File, verdict func(service string, b *pools.Backend) Verdict) ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
+	var cs []*clusterv3.Cluster
+	var ls []*endpointv3.ClusterLoadAssignment
+	for _, s := range f.Services {
+		if s.VIP == "" {
+			continue
+		}
+		cs = append(cs, encodeCluster(s))
+		ls = append(ls, encodeEndpoints(s, verdict))
+	}
+	return cs, ls
+}
+
+func meta(fields map[string]*structpb.Value) *corev3.Metadata {
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataKey: {Fields: fields}}}
+}
+
+func encodeCluster(s *pools.Service) *clusterv3.Cluster {
+	f := map[string]*structpb.Value{
+		"vip":                  structpb.NewStringValue(s.VIP),
+		"protocol":             structpb.NewStringValue(s.Protocol),
+		"affinity_mode":        structpb.NewStringValue(s.Affinity.Mode),
+		"balance":              structpb.NewStringValue(s.Balance),
+		"table_size":           structpb.NewNumberValue(float64(s.Hash.TableSize)),
+		"idle_timeout_seconds": structpb.NewNumberValue(s.IdleTimeout.Seconds()),
+		"health_checked":       structpb.NewBoolValue(s.HealthCheck != nil),
+	}
+	if s.Affinity.QUICCID != nil {
+		f["cid_length"] = structpb.NewNumberValue(float64(s.Affinity.QUICCID.CIDLength))
+	}
+	return &clusterv3.Cluster{
+		Name:                 s.Name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
+			ResourceApiVersion:    corev3.ApiVersion_V3,
+			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		}},
+		ConnectTimeout: durationpb.New(5 * time.Second),
+		LbPolicy:       clusterv3.Cluster_MAGLEV,
+		Metadata:       meta(f),
+	}
+}
+
+func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verdict) *endpointv3.ClusterLoadAssignment {
+	le := &endpointv3.LocalityLbEndpoints{}
+	for _, b := range s.Backends {
+		var v Verdict
+		if verdict != nil {
+			v = verdict(s.Name, b)
+		}
+		drain := b.Drain || s.ZoneDrained(b.Zone)
+		status := corev3.HealthStatus_UNKNOWN
+		switch {
+		case v.State == health.Unhealthy:
+			status = corev3.HealthStatus_UNHEALTHY
+		case drain:
+			status = corev3.HealthStatus_DRAINING
+		case v.State == health.Healthy:
+			status = corev3.HealthStatus_HEALTHY
+		}
+		f := map[string]*structpb.Value{
+			"address": structpb.NewStringValue(b.Address),
+			"drain":   structpb.NewBoolValue(drain),
+			"health":  structpb.NewStringValue(v.State.String()),
+		}
+		if !v.Since.IsZero() {
+			f["health_since"] = structpb.NewStringValue(v.Since.UTC().Format(time.RFC3339Nano))
+		}
+		for k, val := range map[string]string{"mac": b.MAC, "hash_key": b.HashKey, "zone": b.Zone} {
+			if val != "" {
+				f[k] = structpb.NewStringValue(val)
+			}
+		}
+		if b.ServerID != 0 {
+			f["server_id"] = structpb.NewNumberValue(float64(b.ServerID))
+		}
+		ap := b.AddrPort()
+		le.LbEndpoints = append(le.LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address:       ap.Addr().String(),
+					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ap.Port())},
+				}}},
+			}},
+			HealthStatus:        status,
+			LoadBalancingWeight: wrapperspb.UInt32(b.Weight),
+			Metadata:            meta(f),
+		})
+	}
+	return &endpointv3.ClusterLoadAssignment{ClusterName: s.Name, Endpoints: []*endpointv3.LocalityLbEndpoints{le}}
+}
+
+// ErrIncomplete says a cluster's ClusterLoadAssignment has not arrived yet: the node waits
+// for it (CDS and EDS come as separate responses).
+var ErrIncomplete = errors.New("fleetview: a cluster's endpoints have not arrived")
+
+// Decode reads the view from clusters and load assignments by name (as an ADS client hands
+// them over). A load assignment without a cluster is ignored; a cluster without one gives
+// ErrIncomplete. Anything a forwarder cannot take (an unknown affinity mode, a balance
+// other than maglev, a malformed field) is an error naming the resource and the field.
+func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
+	v := &View{File: &pools.File{Filename: "xds"}, Verdicts: map[string]Verdict{}}
+	names := make([]string, 0, len(clusters))
+	for n := range clusters {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	// Clusters first, so a bad one is reported even while another waits for its endpoints.
+	var incomplete []string
+	for _, name := range names {
+		c, ok := clusters[name].(*clusterv3.Cluster)
+		if !ok {
+			return nil, fmt.Errorf("cluster %s: a %T, not a Cluster", name, clusters[name])
+		}
+		s, err := decodeCluster(c)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", name, err)
+		}
+		v.File.Services = append(v.File.Services, s)
+	}
+	for _, s := range v.File.Services {
+		m, ok := assignments[s.Name]
+		if !ok {
+			incomplete = append(incomplete, s.Name)
+			continue
+		}
+		cla, ok := m.(*endpointv3.ClusterLoadAssignment)
+		if !ok {
+			return nil, fmt.Errorf("endpoints %s: a %T, not a ClusterLoadAssignment", s.Name, m)
+		}
+		if err := decodeEndpoints(s, cla, v.Verdicts); err != nil {
+			return nil, fmt.Errorf("endpoints %s: %w", s.Name, err)
+		}
+	}
+	if len(incomplete) > 0 {
+		return nil, fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
+	}
+	return v, nil
+}
+
+// fields reads a metadata struct as typed getters that remember the first error.
+type fields struct {
+	m   map[string]*structpb.Value
+	err error
+}
+
+func fieldsOf(md *corev3.Metadata) (*fields, error) {
+	st := md.GetFilterMetadata()[MetadataKey]
+	if st == nil {
+		return nil, fmt.Errorf("no metadata.filter_metadata[%q]", MetadataKey)
+	}
+	return &fields{m: st.GetFields()}, nil
+}
+
+func (f *fields) fail(format string, args ...any) {
+	if f.err == nil {
+		f.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (f *fields) str(key string, required bool) string {
+	v, ok := f.m[key]
+	if !ok {
+		if required {
+			f.fail("%s: missing", key)
+		}
+		return ""
+	}
+	s, ok := v.GetKind().(*structpb.Value_StringValue)
+	if !ok {
+		f.fail("%s: not a string", key)
+		return ""
+	}
+	return s.StringValue
+}
+
+// uint reads a whole number in [0, max].
+func (f *fields) uint(key string, required bool, max uint64) uint64 {
+	v, ok := f.m[key]
+	if !ok {
+		if required {
+			f.fail("%s: missing", key)
+		}
+		return 0
+	}
+	n, ok := v.GetKind().(*structpb.Value_NumberValue)
+	if !ok || n.NumberValue < 0 || n.NumberValue != math.Trunc(n.NumberValue) || n.NumberValue > float64(max) {
+		f.fail("%s: %v is not a whole number in 0..%d", key, v.AsInterface(), max)
+		return 0
+	}
+	return uint64(n.NumberValue)
+}
+
+func (f *fields) boolean(key string) bool {
+	v, ok := f.m[key]
+	if !ok {
+		return false
+	}
+	b, ok := v.GetKind().(*structpb.Value_BoolValue)
+	if !ok {
+		f.fail("%s: not a boolean", key)
+		return false
+	}
+	return b.BoolValue
+}
+
+// xdpModes are the affinity modes a forwarder implements (the 5-tuple for none).
+var xdpModes = []string{pools.ModeNone, pools.ModeSourceIP, pools.ModeQUICCID}
+
+func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
+	f, err := fieldsOf(c.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	s := &pools.Service{Name: c.GetName(), VIP: f.str("vip", true), Protocol: f.str("protocol", true),
+		Affinity: pools.Affinity{Mode: f.str("affinity_mode", true)}, Balance: f.str("balance", true)}
+	// Table sizes are checked against the forwarder's maps by the loader; here only that
+	// the number is one.
+	s.Hash.TableSize = f.uint("table_size", true, math.MaxUint32)
+	s.IdleTimeout = time.Duration(f.uint("idle_timeout_seconds", false, math.MaxUint32)) * time.Second
+	cid := f.uint("cid_length", false, pools.MaxCIDLength)
+	if f.boolean("health_checked") {
+		s.HealthCheck = &pools.HealthCheck{}
+	}
+	if f.err != nil {
+		return nil, f.err
+	}
+	if _, err := netip.ParseAddrPort(s.VIP); err != nil {
+		return nil, fmt.Errorf("vip %q: %w", s.VIP, err)
+	}
+	if s.Protocol != pools.ProtocolTCP && s.Protocol != pools.ProtocolUDP {
+		return nil, fmt.Errorf("protocol %q: want tcp or udp", s.Protocol)
+	}
+	if !slices.Contains(xdpModes, s.Affinity.Mode) {
+		return nil, fmt.Errorf("unknown affinity mode %q for a forwarder (want one of %v)", s.Affinity.Mode, xdpModes)
+	}
+	if s.Balance != pools.BalanceMaglev {
+		return nil, fmt.Errorf("balance %q: a forwarder builds Maglev tables only", s.Balance)
+	}
+	if s.Hash.TableSize == 0 {
+		return nil, errors.New("table_size 0")
+	}
+	if s.Affinity.Mode == pools.ModeQUICCID {
+		if cid < pools.MinCIDLength {
+			return nil, fmt.Errorf("cid_length %d: want %d..%d", cid, pools.MinCIDLength, pools.MaxCIDLength)
+		}
+		s.Affinity.QUICCID = &pools.QUICCID{CIDLength: int(cid)}
+	}
+	return s, nil
+}
+
+func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, verdicts map[string]Verdict) error {
+	seen := map[string]bool{}
+	for _, le := range cla.GetEndpoints() {
+		for i, e := range le.GetLbEndpoints() {
+			f, err := fieldsOf(e.GetMetadata())
+			if err != nil {
+				return fmt.Errorf("endpoint %d: %w", i, err)
+			}
+			b := &pools.Backend{Address: f.str("address", false), MAC: f.str("mac", false), HashKey: f.str("hash_key", false),
+				Zone: f.str("zone", false), Drain: f.boolean("drain"), Weight: e.GetLoadBalancingWeight().GetValue()}
+			b.ServerID = uint16(f.uint("server_id", false, math.MaxUint16))
+			state, since := f.str("health", false), f.str("health_since", false)
+			if f.err != nil {
+				return fmt.Errorf("endpoint %d: %w", i, f.err)
+			}
+			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+			if b.Address == "" {
+				a, err := netip.ParseAddr(sa.GetAddress())
+				if err != nil {
+					return fmt.Errorf("endpoint %d: address %q: %w", i, sa.GetAddress(), err)
+				}
+				b.Address = netip.AddrPortFrom(a, uint16(sa.GetPortValue())).String()
+			}
+			if _, err := netip.ParseAddrPort(b.Address); err != nil {
+				return fmt.Errorf("endpoint %d: address %q: %w", i, b.Address, err)
+			}
+			if b.MAC != "" {
+				if hw, err := net.ParseMAC(b.MAC); err != nil || len(hw) != 6 {
+					return fmt.Errorf("endpoint %s: mac %q is not a 6-byte MAC", b.Address, b.MAC)
+				}
+			}
+			if b.Weight == 0 {
+				b.Weight = pools.DefaultWeight
+			}
+			if seen[b.Identity()] {
+				return fmt.Errorf("endpoint %d: backend %s listed twice", i, b.Identity())
+			}
+			seen[b.Identity()] = true
+			v := Verdict{}
+			switch state {
+			case "", health.Unknown.String():
+			case health.Healthy.String():
+				v.State = health.Healthy
+			case health.Unhealthy.String():
+				v.State = health.Unhealthy
+			default:
+				return fmt.Errorf("endpoint %s: health %q: want healthy, unhealthy or unknown", b.Address, state)
+			}
+			if since != "" {
+				t, err := time.Parse(time.RFC3339Nano, since)
+				if err != nil {
+					return fmt.Errorf("endpoint %s: health_since: %w", b.Address, err)
+				}
+				v.Since = t
+			}
+			if v.State != health.Unknown || !v.Since.IsZero() {
+				verdicts[Key(s.Name, b.Identity())] = v
+			}
+			s.Backends = append(s.Backends, b)
+		}
+	}
+	return nil
+}
+
+// Assembler joins the two halves of the view as an ADS client delivers them (clusters and
+// load assignments come in separate responses) and applies each complete view. Its
+// Clusters and Endpoints methods are the handlers of the two subscriptions: a half that
+// does not decode, or a view Apply refuses, is returned as the error to NACK with, and the
+// half last accepted stays; a half waiting for the other (a new cluster whose endpoints
+// have not come) is accepted without applying anything.
+type Assembler struct {
+	// Apply installs a complete view; an error rejects it (the node keeps what it had).
+	Apply func(*View) error
+
+	mu                  sync.Mutex
+	clusters, endpoints map[string]proto.Message
+}
+
+// Clusters is the handler of the Cluster subscription.
+func (a *Assembler) Clusters(_ string, res map[string]proto.Message) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.try(res, a.endpoints); err != nil {
+		return err
+	}
+	a.clusters = res
+	if a.clusters == nil {
+		a.clusters = map[string]proto.Message{} // received, and empty
+	}
+	return nil
+}
+
+// Endpoints is the handler of the ClusterLoadAssignment subscription.
+func (a *Assembler) Endpoints(_ string, res map[string]proto.Message) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.clusters == nil {
+		// No clusters yet: endpoints alone say nothing (decoding them would be an empty
+		// view, which would remove every VIP a restarted node adopted).
+		a.endpoints = res
+		return nil
+	}
+	if err := a.try(a.clusters, res); err != nil {
+		return err
+	}
+	a.endpoints = res
+	return nil
+}
+
+func (a *Assembler) try(cs, es map[string]proto.Message) error {
+	v, err := Decode(cs, es)
+	if errors.Is(err, ErrIncomplete) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return a.Apply(v)
+}

@@ -1,0 +1,206 @@
+package fleetview
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+const file = `services:
+  - name: web
+    protocol: tcp
+    vip: 10.0.0.100:443
+    idle_timeout: 30s
+    affinity: {mode: source_ip}
+    balance: maglev
+    hash: {table_size: 251}
+    health_check: {protocol: tcp}
+    drained_zones: [z3]
+    backends:
+      - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: z1}
+      - {address: 10.0.6.2:443, weight: 3, hash_key: b2, zone: z2}
+      - {address: 10.0.6.3:443, drain: true}
+      - {address: 10.0.6.4:443, zone: z3}
+  - name: quic
+    protocol: udp
+    vip: 10.0.0.100:8443
+    affinity: {mode: quic_cid, quic_cid: {cid_length: 10}}
+    balance: maglev
+    backends:
+      - {address: 10.0.6.1:8443, server_id: 1}
+      - {address: 10.0.6.2:8443, server_id: 2}
+  - name: api
+    protocol: http
+    listen: 0.0.0.0:8080
+    backends:
+      - {address: 10.0.7.1:80}
+`
+
+func byName(cs []*clusterv3.Cluster, ls []*endpointv3.ClusterLoadAssignment) (map[string]proto.Message, map[string]proto.Message) {
+	c, l := map[string]proto.Message{}, map[string]proto.Message{}
+	for _, x := range cs {
+		c[x.GetName()] = x
+	}
+	for _, x := range ls {
+		l[x.GetClusterName()] = x
+	}
+	return c, l
+}
+
+// TestRoundTrip: every field a forwarder uses survives encoding and decoding, in backend
+// order, with the verdicts; services without a vip are not in the view; Envoy's validation
+// passes on every resource.
+func TestRoundTrip(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := time.Date(2026, 12, 3, 15, 4, 5, 123456789, time.UTC)
+	cs, ls := Encode(f, func(svc string, b *pools.Backend) Verdict {
+		switch b.Identity() {
+		case "10.0.6.1:443":
+			return Verdict{State: health.Unhealthy, Since: since}
+		case "b2":
+			return Verdict{State: health.Healthy, Since: since.Add(time.Second)}
+		}
+		return Verdict{}
+	})
+	if len(cs) != 2 || len(ls) != 2 {
+		t.Fatalf("%d clusters and %d assignments, want 2 each (api has no vip)", len(cs), len(ls))
+	}
+	for _, m := range append([]proto.Message{cs[0], cs[1]}, ls[0], ls[1]) {
+		if err := m.(interface{ ValidateAll() error }).ValidateAll(); err != nil {
+			t.Fatalf("Envoy's validation: %v", err)
+		}
+	}
+	c, l := byName(cs, ls)
+	v, err := Decode(c, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.File.Services) != 2 {
+		t.Fatalf("%d services decoded", len(v.File.Services))
+	}
+	for _, got := range v.File.Services {
+		want := f.Service(got.Name)
+		if got.VIP != want.VIP || got.Protocol != want.Protocol || got.Affinity.Mode != want.Affinity.Mode ||
+			got.Balance != want.Balance || got.Hash.TableSize != want.Hash.TableSize || got.IdleTimeout != want.IdleTimeout {
+			t.Errorf("service %s: got %+v, want %+v", got.Name, got, want)
+		}
+		if (got.HealthCheck == nil) != (want.HealthCheck == nil) {
+			t.Errorf("service %s: health checked %v, want %v", got.Name, got.HealthCheck != nil, want.HealthCheck != nil)
+		}
+		if (got.Affinity.QUICCID == nil) != (want.Affinity.QUICCID == nil) ||
+			got.Affinity.QUICCID != nil && got.Affinity.QUICCID.CIDLength != want.Affinity.QUICCID.CIDLength {
+			t.Errorf("service %s: quic_cid %+v, want %+v", got.Name, got.Affinity.QUICCID, want.Affinity.QUICCID)
+		}
+		if len(got.Backends) != len(want.Backends) {
+			t.Fatalf("service %s: %d backends, want %d", got.Name, len(got.Backends), len(want.Backends))
+		}
+		for i, gb := range got.Backends {
+			wb := want.Backends[i]
+			drain := wb.Drain || want.ZoneDrained(wb.Zone) // drained zones arrive as drain
+			if gb.Address != wb.Address || gb.Weight != wb.Weight || gb.Zone != wb.Zone || gb.HashKey != wb.HashKey ||
+				gb.ServerID != wb.ServerID || gb.MAC != wb.MAC || gb.Drain != drain {
+				t.Errorf("service %s backend %d: got %+v, want %+v (drain %v)", got.Name, i, gb, wb, drain)
+			}
+		}
+	}
+	if st := v.Verdicts[Key("web", "10.0.6.1:443")]; st.State != health.Unhealthy || !st.Since.Equal(since) {
+		t.Errorf("web/10.0.6.1:443: %+v", st)
+	}
+	if st := v.State("web", "b2"); st != health.Healthy {
+		t.Errorf("web/b2: %v", st)
+	}
+	if st := v.State("web", "10.0.6.3:443"); st != health.Unknown {
+		t.Errorf("web/10.0.6.3:443: %v", st)
+	}
+}
+
+// TestDecodeRejects: what a forwarder cannot take is an error that says why; a cluster
+// whose endpoints have not arrived is ErrIncomplete.
+func TestDecodeRejects(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, want string
+		edit       func(c *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment)
+	}{
+		{"unknown mode", `unknown affinity mode "consistent_magic"`, func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["affinity_mode"] = structpb.NewStringValue("consistent_magic")
+		}},
+		{"fractional size", "table_size: 2.5", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["table_size"] = structpb.NewNumberValue(2.5)
+		}},
+		{"no metadata", "no metadata", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) { c.Metadata = nil }},
+		{"bad mac", "not a 6-byte MAC", func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["mac"] = structpb.NewStringValue("zz")
+		}},
+		{"bad health", `health "sick"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health"] = structpb.NewStringValue("sick")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs, ls := Encode(f, nil)
+			tc.edit(cs[0], ls[0])
+			c, l := byName(cs, ls)
+			_, err := Decode(c, l)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+	cs, ls := Encode(f, nil)
+	c, l := byName(cs, ls)
+	delete(l, "quic")
+	if _, err := Decode(c, l); !errors.Is(err, ErrIncomplete) {
+		t.Fatalf("a cluster without endpoints: %v, want ErrIncomplete", err)
+	}
+}
+
+// TestAssembler: nothing is applied until both halves are there (endpoints first do not
+// empty the forwarder); a view Apply refuses is returned and the half last accepted stays.
+func TestAssembler(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied []*View
+	refuse := false
+	a := &Assembler{Apply: func(v *View) error {
+		if refuse {
+			return errors.New("refused")
+		}
+		applied = append(applied, v)
+		return nil
+	}}
+	cs, ls := Encode(f, nil)
+	c, l := byName(cs, ls)
+	if err := a.Endpoints("1", l); err != nil || len(applied) != 0 {
+		t.Fatalf("endpoints first: %v, %d applied", err, len(applied))
+	}
+	if err := a.Clusters("1", c); err != nil || len(applied) != 1 || len(applied[0].File.Services) != 2 {
+		t.Fatalf("then clusters: %v, %d applied", err, len(applied))
+	}
+	refuse = true
+	c2, _ := byName(Encode(f, nil))
+	delete(c2, "quic")
+	if err := a.Clusters("2", c2); err == nil {
+		t.Fatal("a refused view was accepted")
+	}
+	refuse = false
+	if err := a.Endpoints("3", l); err != nil || len(applied) != 2 || len(applied[1].File.Services) != 2 {
+		t.Fatalf("after a refusal the last accepted clusters stay: %v, %d applied", err, len(applied))
+	}
+}

@@ -1,0 +1,240 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/stickylb/stickylb/adsclient"
+	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+const fleetPools = `services:
+  - name: api
+    protocol: http
+    listen: 127.0.0.1:8080
+    backends:
+      - {address: 10.0.7.1:80}
+  - name: web
+    protocol: tcp
+    vip: 10.0.0.100:443
+    affinity: {mode: source_ip}
+    balance: maglev
+    hash: {table_size: 251}
+    backends:
+      - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01"}
+      - {address: 10.0.6.2:443, weight: 2}
+`
+
+// xdpNode is an XDP node's subscription as `stickylb xdp --xds` makes it, applying into
+// memory instead of a forwarder.
+type xdpNode struct {
+	c       *adsclient.Client
+	mu      sync.Mutex
+	views   []*fleetview.View
+	rejects int
+}
+
+func (n *xdpNode) last() (*fleetview.View, int, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.views) == 0 {
+		return nil, 0, n.rejects
+	}
+	return n.views[len(n.views)-1], len(n.views), n.rejects
+}
+
+func startXDPNode(t *testing.T, addr, id, userAgent string) *xdpNode {
+	t.Helper()
+	c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, UserAgentName: userAgent,
+		Backoff: adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &xdpNode{c: c}
+	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.views = append(n.views, v)
+		return nil
+	}}
+	count := func(h adsclient.Handler) adsclient.Handler {
+		return func(v string, r map[string]proto.Message) error {
+			err := h(v, r)
+			if err != nil {
+				n.mu.Lock()
+				n.rejects++
+				n.mu.Unlock()
+			}
+			return err
+		}
+	}
+	// Wildcard subscriptions: the snapshot cache answers a named one only when it names
+	// every resource of the type.
+	if err := c.Subscribe(resource.ClusterType, count(a.Clusters)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Subscribe(resource.EndpointType, count(a.Endpoints)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); c.Close() })
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestXDPNodeView: a node with the XDP user agent gets the vip services with the control
+// plane's verdicts (and when they changed), nothing else; an Envoy node on the same server
+// gets the Envoy resources, as before; a health transition reaches the XDP node.
+func TestXDPNodeView(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(fleetPools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	states := map[string]health.State{"10.0.6.1:443": health.Healthy}
+	view := func(_ string, b *pools.Backend) health.State {
+		mu.Lock()
+		defer mu.Unlock()
+		return states[b.Identity()]
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := NewServer(ctx, f, view, zaptest.NewLogger(t))
+	g := grpc.NewServer()
+	s.Register(g)
+	ln := listen(t)
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	addr := ln.Addr().String()
+
+	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
+	eventually(t, 5*time.Second, "the XDP node's first view", func() (bool, string) {
+		v, _, _ := x.last()
+		return v != nil, "none"
+	})
+	v, _, _ := x.last()
+	if len(v.File.Services) != 1 || v.File.Services[0].Name != "web" || len(v.File.Services[0].Backends) != 2 {
+		t.Fatalf("XDP view: %+v", v.File.Services)
+	}
+	if st := v.State("web", "10.0.6.2:443"); st != health.Unknown {
+		t.Fatalf("web/10.0.6.2:443 (no verdict yet): %v, want unknown", st)
+	}
+	if st := v.State("web", "10.0.6.1:443"); st != health.Healthy {
+		t.Fatalf("web/10.0.6.1:443: %v, want healthy", st)
+	}
+
+	// An Envoy node (any other user agent) sees the Envoy clusters: no XDP metadata.
+	var envoyClusters sync.Map
+	e, err := adsclient.New(adsclient.Config{Server: addr, NodeID: "envoy-1", UserAgentName: "envoy"}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Subscribe(resource.ClusterType, func(_ string, r map[string]proto.Message) error {
+		for n, m := range r {
+			envoyClusters.Store(n, m)
+		}
+		return nil
+	})
+	ectx, ecancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { ecancel(); e.Close() })
+	e.Start(ectx)
+	eventually(t, 5*time.Second, "the Envoy node's clusters", func() (bool, string) {
+		_, ok := envoyClusters.Load("api")
+		return ok, "no api cluster"
+	})
+	envoyClusters.Range(func(k, m any) bool {
+		if m.(*clusterv3.Cluster).GetMetadata().GetFilterMetadata()[fleetview.MetadataKey] != nil {
+			t.Errorf("Envoy cluster %v carries the XDP view's metadata", k)
+		}
+		return true
+	})
+	if _, ok := envoyClusters.Load("web"); ok {
+		t.Error("an Envoy node got the VIP-only service web")
+	}
+
+	// A transition: the XDP node gets the verdict and its time.
+	at := time.Now().Add(-time.Second).UTC()
+	mu.Lock()
+	states["10.0.6.1:443"] = health.Unhealthy
+	mu.Unlock()
+	s.RecordTransition("web", health.Transition{ID: "10.0.6.1:443", Healthy: false, At: at})
+	if err := s.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	took := eventually(t, 5*time.Second, "the verdict reaches the XDP node", func() (bool, string) {
+		v, _, _ := x.last()
+		vd := v.Verdicts[fleetview.Key("web", "10.0.6.1:443")]
+		return vd.State == health.Unhealthy && vd.Since.Equal(at), fmt.Sprint(vd)
+	})
+	t.Logf("verdict propagated in %s", took)
+}
+
+// TestXDPNodeNACK: a view the node cannot apply (an unknown affinity mode) is NACKed: the
+// server counts it once, rolls the node back to the snapshot it acknowledged on the two
+// types it subscribed to (CDS and EDS), and does not send the rejected version again; the
+// node keeps its last view; the next good version is applied.
+func TestXDPNodeNACK(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(fleetPools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, addr := startXDS(t, f)
+	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
+	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		ns := s.nodes["h1/xdp/eth0"]
+		return ns != nil && ns.acked != nil, "no ack"
+	})
+	_, applied, _ := x.last()
+	s.mutateXDP = func(clusters, _ []types.Resource) {
+		for _, c := range clusters {
+			c.(*clusterv3.Cluster).Metadata.FilterMetadata[fleetview.MetadataKey].Fields["affinity_mode"] = structpb.NewStringValue("telepathy")
+		}
+	}
+	pushes := s.Stats.Pushes.Load()
+	if err := s.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
+		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
+			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
+	})
+	settled := s.Stats.Pushes.Load()
+	// Bounded observation: a server re-sending the rejected version would do so within the
+	// client's NACK hold (20 ms doubling to 200 ms here), so 1 s would show several.
+	time.Sleep(time.Second)
+	_, nowApplied, rejects := x.last()
+	if n, p := s.Stats.NACKs.Load(), s.Stats.Pushes.Load()-settled; n != 1 || p != 0 || rejects != 1 || nowApplied != applied {
+		t.Fatalf("after the NACK: %d NACKs, %d more pushes, %d rejections at the node, views applied %d -> %d",
+			n, p, rejects, applied, nowApplied)
+	}
+	t.Logf("pushes for the bad version and its rollback: %d", settled-pushes)
+	s.mutateXDP = nil
+	f2, err := pools.Parse("pools.yaml", []byte(fleetPools+"      - {address: 10.0.6.3:443}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(f2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the next good version applied", func() (bool, string) {
+		v, _, _ := x.last()
+		return len(v.File.Services[0].Backends) == 3, fmt.Sprint(len(v.File.Services[0].Backends))
+	})
+}

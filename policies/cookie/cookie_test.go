@@ -197,3 +197,35 @@ func BenchmarkOpen(b *testing.B) {
 		}
 	}
 }
+
+// release1Vectors are values sealed by the first release's codec (plaintext unpadded), with
+// the secret, context and times below. Cookies in browsers outlive a deploy: every later
+// codec must go on opening them.
+var release1Vectors = []struct{ backend, value string }{
+	{"10.0.0.1:80", "AbQM4AA2pUjQi7lMspQB-dQrJ6q-SGr8zQpiUnxobG5fS4K3wjSGCv9ZMDA67L5J7KBU74kqUUkRGpGGLGsIEnafkecdVyUS"},
+	{"backend-2.internal.example:8443", "AbQM4AAyqpLpVT-_RZzhw7gBm064sYtV36SQG6dY2HzcAA1mpYApV176HAxggAWKJZQB9wdFnEvzBUr1mIdkYGyuo1BWYtogT-o3s5eQPk-dHIfD9bNp_i6zaZ4"},
+	{"[2001:db8::17]:443", "AbQM4ACy_C9luZdyMth8CusMpp9tEOW427bVAtCbALUsL1kOGMtOGDdsUFQK2dJ65W_yLiVzuRbCFxESAHB0PtvFjkWqqvoOJQ8TPLKayg"},
+	{"h", "AbQM4ADz8AfneRFT4oe65pIiV0BdrVmegUx5UZKyWafUZH8p_A-6vqT9ogKaUGsEmOcO8pf7Ec8SKL1lPAI"},
+}
+
+const (
+	release1Secret  = "stickylb-test-vector-secret-0123456789"
+	release1Context = "lb_session"
+)
+
+func TestOpensRelease1Values(t *testing.T) {
+	c, err := NewCodec([]byte(release1Secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_100, 0)
+	for _, v := range release1Vectors {
+		p, err := c.Open(v.value, release1Context, now)
+		if err != nil {
+			t.Fatalf("%s: %v", v.backend, err)
+		}
+		if p.Backend != v.backend || p.Issued.Unix() != 1_800_000_000 || p.Expires.Unix() != 4_102_444_800 {
+			t.Fatalf("%s: opened %+v", v.backend, p)
+		}
+	}
+}

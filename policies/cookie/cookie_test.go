@@ -229,3 +229,30 @@ func TestOpensRelease1Values(t *testing.T) {
 		}
 	}
 }
+
+// TestSealedLengthHidesIdentityLength: the value's length must not tell a client how long
+// the backend's identity is (an address of 11 bytes and one of 15 are told apart by it).
+func TestSealedLengthHidesIdentityLength(t *testing.T) {
+	c := mustCodec(t, secretA)
+	lengths := map[int][]string{}
+	for _, b := range []string{"h", "10.0.0.1:80", "10.0.0.10:80", "10.0.0.100:8080", "backend-17.internal:8443", strings.Repeat("b", 64-17)} {
+		v, err := c.Seal(Payload{Backend: b, Issued: t0, Expires: t0.Add(time.Hour)}, "lb_session")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lengths[len(v)] = append(lengths[len(v)], b)
+		p, err := c.Open(v, "lb_session", t0)
+		if err != nil || p.Backend != b {
+			t.Fatalf("%q: opened %+v, %v", b, p, err)
+		}
+	}
+	if len(lengths) != 1 {
+		t.Fatalf("value lengths vary with the identity's: %v", lengths)
+	}
+	// Identities past one block share the next length.
+	v, _ := c.Seal(Payload{Backend: strings.Repeat("b", 64-16), Issued: t0, Expires: t0.Add(time.Hour)}, "lb_session")
+	w, _ := c.Seal(Payload{Backend: strings.Repeat("b", MaxBackendLen), Issued: t0, Expires: t0.Add(time.Hour)}, "lb_session")
+	if _, ok := lengths[len(v)]; ok || len(v) > len(w) {
+		t.Fatalf("lengths %d and %d beside %v", len(v), len(w), lengths)
+	}
+}

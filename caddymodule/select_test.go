@@ -378,3 +378,47 @@ func TestWeightedLeastConnSlowStart(t *testing.T) {
 		prev = got
 	}
 }
+
+// TestStickyCookieEnvoyExpiry: an Envoy cookie's wall-clock expiry is enforced; an expiry
+// that cannot be wall-clock time (before 2001: older Envoys wrote a monotonic clock) or none
+// at all pins, and the cookie is re-issued with a real expiry.
+func TestStickyCookieEnvoyExpiry(t *testing.T) {
+	s := &StickyCookie{Format: formatEnvoy, TTL: caddy.Duration(time.Hour)}
+	provision(t, s)
+	clock := time.Unix(2_000_000_000, 0)
+	s.now = func() time.Time { return clock }
+	pool := testPool(3)
+	try := func(v string) (*reverseproxy.Upstream, string) {
+		r := request("/")
+		r.Header.Set("Cookie", "lb_session="+v)
+		w := httptest.NewRecorder()
+		return s.Select(pool, r, w), setCookieValue(t, w, "lb_session")
+	}
+	// Expired a minute ago: a new session (the fallback may pick anything; the fresh cookie
+	// must carry a future expiry).
+	u, fresh := try(cookie.EncodeEnvoy(pool[1].Dial, clock.Add(-time.Minute)))
+	if fresh == "" {
+		t.Fatalf("an expired Envoy cookie still pinned %s without a new cookie", u.Dial)
+	}
+	if _, exp, _ := cookie.DecodeEnvoy(fresh); !exp.Equal(clock.Add(time.Hour)) {
+		t.Fatalf("re-issued cookie expires at %v", exp)
+	}
+	if got := s.stats.repins.snapshot(nil)[reasonExpired]; got != 1 {
+		t.Fatalf("expired re-pins %d", got)
+	}
+	// Valid for most of the ttl: a hit, nothing re-set.
+	if u, fresh := try(cookie.EncodeEnvoy(pool[1].Dial, clock.Add(50*time.Minute))); u != pool[1] || fresh != "" {
+		t.Fatalf("valid Envoy cookie: %v, re-set %q", u, fresh)
+	}
+	// A monotonic-clock expiry (12,345 s after boot) and no expiry: kept, re-issued.
+	for _, v := range []string{cookie.EncodeEnvoy(pool[2].Dial, time.Unix(12345, 0)), base64.StdEncoding.EncodeToString([]byte(pool[2].Dial))} {
+		u, fresh := try(v)
+		if u != pool[2] {
+			t.Fatalf("cookie without a wall-clock expiry did not pin: %v", u)
+		}
+		addr, exp, err := cookie.DecodeEnvoy(fresh)
+		if err != nil || addr != pool[2].Dial || !exp.Equal(clock.Add(time.Hour)) {
+			t.Fatalf("re-issued %q %v %v", addr, exp, err)
+		}
+	}
+}

@@ -208,7 +208,9 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 			var u *reverseproxy.Upstream
 			if u, reason = checkPin(&s.index, pool, id, t); u != nil {
 				s.stats.hits.Add(1)
-				if s.Format == formatSealed && expires.Sub(now) < s.ttl/2 {
+				// Slide the expiry when half the ttl is gone; an Envoy cookie without a
+				// wall-clock expiry gets one.
+				if expires.IsZero() || expires.Sub(now) < s.ttl/2 {
 					s.setCookie(r, w, u, now)
 				}
 				recordPick(r, u)
@@ -233,10 +235,16 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 // open returns the identity and expiry a cookie value carries.
 func (s *StickyCookie) open(v string, now time.Time) (string, time.Time, error) {
 	if s.Format == formatEnvoy {
-		// Envoy's expiry is advisory (it has written it from a monotonic clock): the
-		// cookie's own lifetime in the browser bounds the session instead.
-		addr, _, err := cookie.DecodeEnvoy(v)
-		return addr, time.Time{}, err
+		// Enforced as current Envoys enforce it; none (or a monotonic one, which
+		// DecodeEnvoy drops) means no expiry, and Select re-issues the cookie with one.
+		addr, exp, err := cookie.DecodeEnvoy(v)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if !exp.IsZero() && !now.Before(exp) {
+			return "", time.Time{}, fmt.Errorf("%w at %s", cookie.ErrExpired, exp.UTC().Format(time.RFC3339))
+		}
+		return addr, exp, nil
 	}
 	p, err := s.codec.Open(v, s.Name, now)
 	if err != nil {

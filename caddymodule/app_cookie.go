@@ -31,18 +31,16 @@ const (
 // `cookie ... prefix` does. It is outside base64url, so the first one ends our prefix.
 const prefixSep = '~'
 
-// appPrefixYears is the lifetime sealed into a prefix when no ttl is set: the
-// application's own cookie lifetime then bounds the session.
-const appPrefixYears = 10
-
 // AppCookie follows the application's own session cookie NAME.
 //
 // In prefix mode (default) the upstream's `Set-Cookie: NAME=v` reaches the client as
 // NAME=<sealed identity>~v; requests are routed by the prefix and forwarded with the
 // original v. It keeps no state, so every Caddy node with the same secret routes the
-// session the same way. In learn mode the value v is remembered against the upstream that
-// set it (a bounded session table); requests whose v is not in this node's table go by
-// the consistent hash of v.
+// session the same way; a prefix is honoured for ttl after the upstream last set the
+// cookie. In learn mode the value v is remembered against the upstream that set it (a
+// bounded session table); requests whose v is not in this node's table go by the
+// consistent hash of v and are not stored (only upstreams add keys: HAProxy's
+// store-response), so a flood of invented values cannot evict real sessions.
 //
 // Both modes need the response: add the stickylb handler to the route (the Caddyfile
 // directive `stickylb`, which sorts before reverse_proxy).
@@ -86,6 +84,9 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 	a.context = "app_cookie:" + a.Name
 	a.varKey = "stickylb.app_cookie." + a.Name
 	a.ttl = time.Duration(a.TTL)
+	if a.ttl == 0 {
+		a.ttl = defaultTableTTL
+	}
 	switch a.Mode {
 	case appModePrefix:
 		if a.MaxSessions > 0 || a.Table != "" {
@@ -107,6 +108,7 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 		if a.NoTable {
 			return fmt.Errorf("app_cookie %s: learn mode needs its table (no_table applies to other policies)", a.Name)
 		}
+		a.core.learnOnly = true
 		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, true); err != nil {
 			return err
 		}
@@ -203,7 +205,7 @@ func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w h
 
 func (a *AppCookie) selectLearn(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	v, ok := requestCookie(r.Header, a.Name)
-	if !ok || v == "" {
+	if !ok || v == "" || len(v) > keys.MaxValueLen {
 		return a.core.selectUnkeyed(pool, r, w)
 	}
 	return a.core.selectKey(pool, r, a.key(v))
@@ -237,19 +239,17 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 				}
 				continue
 			}
-			if a.core.table != nil {
-				a.core.table.Put(a.key(value).TableKey, identity(served))
+			if len(value) <= keys.MaxValueLen {
+				a.core.learn(a.key(value), served)
 			}
 		default:
 			if deleting {
 				continue
 			}
+			// The prefix lives for ttl from the upstream's last Set-Cookie of the cookie: the
+			// upstream re-setting it (a refresh, a new value) slides the session.
 			now := a.now()
-			exp := now.AddDate(appPrefixYears, 0, 0)
-			if a.ttl > 0 {
-				exp = now.Add(a.ttl)
-			}
-			prefix, err := a.codec.Seal(cookie.Payload{Backend: identity(served), Issued: now, Expires: exp}, a.context)
+			prefix, err := a.codec.Seal(cookie.Payload{Backend: identity(served), Issued: now, Expires: now.Add(a.ttl)}, a.context)
 			if err != nil {
 				if c := a.logger.Check(zap.ErrorLevel, "sealing app cookie prefix"); c != nil {
 					c.Write(zap.String("cookie", a.Name), zap.Error(err))

@@ -229,7 +229,7 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	lb_policy app_cookie <name> {
 //	    mode          prefix|learn     # default prefix
 //	    secret        <secret> [<older>...]   # prefix mode: required
-//	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix
+//	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix (default 30m)
 //	    max_sessions  <n>              # learn mode
 //	    table         <name>           # learn mode: share a table between handlers
 //	    hash          maglev|ring      # learn mode: for values not in the table

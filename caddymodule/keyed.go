@@ -66,6 +66,10 @@ type keyedCore struct {
 	index    upstreamIndex
 	stats    *scopeStats
 	scope    string
+	// learnOnly: keys enter the table only through learn (the upstream issued them), never
+	// because a client sent them; a client's unknown key is hashed and not stored, so a
+	// flood of invented keys cannot evict real sessions (app_cookie learn mode).
+	learnOnly bool
 }
 
 // provision sets up the core. module is the policy whose embedded KeyedOptions is o (for
@@ -160,11 +164,20 @@ func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, k
 	} else {
 		k.stats.misses.Add(1)
 	}
-	if k.table != nil {
+	// A re-pin moves a key the table holds; a new key is stored unless only the upstream
+	// may add keys.
+	if k.table != nil && (!k.learnOnly || reason != "") {
 		k.table.Put(key.TableKey, identity(u))
 	}
 	recordPick(r, u)
 	return u
+}
+
+// learn maps key to u because the upstream issued it.
+func (k *keyedCore) learn(key keys.Key, u *reverseproxy.Upstream) {
+	if k.table != nil {
+		k.table.Put(key.TableKey, identity(u))
+	}
 }
 
 // selectExtracted picks by the key e extracts from r, or as for a request without one.

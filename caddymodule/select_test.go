@@ -422,3 +422,65 @@ func TestStickyCookieEnvoyExpiry(t *testing.T) {
 		}
 	}
 }
+
+// TestAppCookieLearnCapsKeys: values over 8 KiB are neither learned nor hashed as keys.
+func TestAppCookieLearnCapsKeys(t *testing.T) {
+	a := &AppCookie{Name: "SID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: t.Name()}}
+	provision(t, a)
+	pool := testPool(3)
+	huge := strings.Repeat("v", 8<<10+1)
+	r := request("/")
+	hk := &responseHook{r: r}
+	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	a.Select(pool, r, httptest.NewRecorder())
+	hk.run(http.Header{"Set-Cookie": {"SID=" + huge + "; Path=/"}})
+	r = request("/")
+	r.Header.Set("Cookie", "SID="+huge)
+	if a.Select(pool, r, httptest.NewRecorder()) == nil || a.core.table.Len() != 0 {
+		t.Fatalf("a %d-byte value was kept: table holds %d", len(huge), a.core.table.Len())
+	}
+}
+
+// TestAppCookiePrefixExpirySlides: a prefix lives for the policy's ttl (default 30m) from the
+// upstream's last Set-Cookie of the cookie, not ten years.
+func TestAppCookiePrefixExpirySlides(t *testing.T) {
+	a := &AppCookie{Name: "JSESSIONID", Secrets: []string{testSecret}}
+	provision(t, a)
+	clock := time.Unix(2_000_000_000, 0)
+	a.now = func() time.Time { return clock }
+	pool := testPool(3)
+	// visit sends value (if any), lets the upstream set setValue (if any), and returns the
+	// upstream and the client's new cookie value.
+	visit := func(value, setValue string) (*reverseproxy.Upstream, string) {
+		r := request("/")
+		if value != "" {
+			r.Header.Set("Cookie", "JSESSIONID="+value)
+		}
+		hk := &responseHook{r: r}
+		caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+		u := a.Select(pool, r, httptest.NewRecorder())
+		h := http.Header{}
+		if setValue != "" {
+			h.Set("Set-Cookie", "JSESSIONID="+setValue+"; Path=/")
+		}
+		hk.run(h)
+		v, _ := splitSetCookie(h.Get("Set-Cookie"))
+		return u, v
+	}
+	u, v := visit("", "app-1")
+	clock = clock.Add(20 * time.Minute)
+	if got, _ := visit(v, ""); got != u {
+		t.Fatalf("prefix not honoured within its ttl: %v, pinned to %v", got, u)
+	}
+	// The upstream sets the cookie again at 20 minutes: the prefix now lives to 50.
+	_, v2 := visit(v, "app-1")
+	clock = clock.Add(25 * time.Minute)
+	if got, _ := visit(v2, ""); got != u {
+		t.Fatalf("re-set prefix not honoured at 45 minutes: %v", got)
+	}
+	before := a.core.stats.repins.snapshot(nil)[reasonExpired]
+	visit(v, "")
+	if after := a.core.stats.repins.snapshot(nil)[reasonExpired]; after != before+1 {
+		t.Fatalf("a prefix sealed 45 minutes ago was honoured (expired re-pins %d -> %d)", before, after)
+	}
+}

@@ -570,3 +570,89 @@ func TestReloadKeepsSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestAppCookieLearnSurvivesFlood: app_cookie learn mode keeps the sessions its backends
+// issued while clients send ten times the table's size of values no backend issued. Such
+// values are balanced by their hash, never stored, so they cannot evict a real session.
+func TestAppCookieLearnSurvivesFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("floods a real Caddy")
+	}
+	const sessions, flood = 1000, 10 * 1000
+	bs := startBackends(t, 3)
+	base := serve(t, bs, fmt.Sprintf("\t\tlb_policy app_cookie JSESSIONID {\n mode learn\n max_sessions %d\n table flood-test\n }", sessions))
+	tr := &http.Transport{MaxIdleConnsPerHost: 8}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	do := func(path, cookie string) (string, []*http.Cookie) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if cookie != "" {
+			req.Header.Set("Cookie", "JSESSIONID="+cookie)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Error(err)
+			return "", nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b), resp.Cookies()
+	}
+	parallel := func(n int, fn func(i int)) {
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+					fn(i)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// 1,000 logins: each backend issues a value, which the table learns.
+	values := make([]string, sessions)
+	owners := make([]string, sessions)
+	parallel(sessions, func(i int) {
+		body, cs := do("/login", "")
+		for _, c := range cs {
+			if c.Name == "JSESSIONID" {
+				values[i], owners[i] = c.Value, body
+			}
+		}
+	})
+	type tableInfo struct {
+		Entries int    `json:"entries"`
+		Hits    uint64 `json:"hits"`
+		Evicted uint64 `json:"evicted"`
+	}
+	var info struct {
+		Tables map[string]tableInfo `json:"tables"`
+	}
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	if got := info.Tables["flood-test"].Entries; got != sessions {
+		t.Fatalf("%d sessions learned, want %d", got, sessions)
+	}
+	// The flood: values no backend issued.
+	parallel(flood, func(i int) { do("/", fmt.Sprintf("forged-%06d", i)) })
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	before := info.Tables["flood-test"]
+	// Every learned session still reaches the backend that issued it, by its table entry.
+	var onOwner atomic.Int64
+	parallel(sessions, func(i int) {
+		if body, _ := do("/", values[i]); body == owners[i] {
+			onOwner.Add(1)
+		}
+	})
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	after := info.Tables["flood-test"]
+	survived := after.Hits - before.Hits
+	t.Logf("after a flood of %d forged values: %d of %d learned sessions hit the table (%d evictions), %d reached their backend",
+		flood, survived, sessions, after.Evicted, onOwner.Load())
+	if survived != sessions || onOwner.Load() != sessions {
+		t.Fatalf("%d of %d sessions survived the flood (%d on their backend)", survived, sessions, onOwner.Load())
+	}
+}

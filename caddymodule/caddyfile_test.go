@@ -2,10 +2,12 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -172,5 +174,33 @@ func TestAdaptHandlerDirective(t *testing.T) {
 	s := string(out)
 	if i, j := strings.Index(s, `"handler":"stickylb"`), strings.Index(s, `"handler":"reverse_proxy"`); i < 0 || j < 0 || i > j {
 		t.Fatalf("stickylb not ordered before reverse_proxy: %s", s)
+	}
+}
+
+// validateCaddyfile adapts src and provisions it as Caddy would, without serving.
+func validateCaddyfile(t *testing.T, src string) error {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return caddy.Validate(&cfg)
+}
+
+// TestSharedTableNeedsOneSetting: handlers naming one table must agree on ttl and bound.
+func TestSharedTableNeedsOneSetting(t *testing.T) {
+	site := func(port int, ttl string) string {
+		return fmt.Sprintf(":%d {\n\treverse_proxy 127.0.0.1:9001 {\n\t\tlb_policy sticky_header X-S {\n\t\t\ttable shared\n\t\t\tttl %s\n\t\t}\n\t}\n}\n", port, ttl)
+	}
+	if err := validateCaddyfile(t, site(18081, "10m")+site(18082, "10m")); err != nil {
+		t.Fatalf("one table, one ttl: %v", err)
+	}
+	err := validateCaddyfile(t, site(18081, "10m")+site(18082, "20m"))
+	if err == nil || !strings.Contains(err.Error(), "different settings") {
+		t.Fatalf("one table, two ttls: %v", err)
 	}
 }

@@ -30,8 +30,10 @@ type KeyedOptions struct {
 	// MaxSessions bounds the table; past it, expired sessions are swept and then the ones
 	// closest to expiry evicted. Default 100000.
 	MaxSessions int `json:"max_sessions,omitempty"`
-	// Table names the session table; handlers naming the same table share it, and it
-	// survives reloads. Default: derived from the policy and its key.
+	// Table names the session table; handlers naming the same table share it (they must
+	// agree on ttl and max_sessions), and it survives reloads. Default: one table per
+	// handler, named after the policy's key and the handler's site (listen addresses and
+	// route matchers), so it survives reloads that keep the site.
 	Table string `json:"table,omitempty"`
 	// NoTable turns the table off: the key's consistent hash alone decides (as Envoy).
 	NoTable bool `json:"no_table,omitempty"`
@@ -61,6 +63,7 @@ func (o *KeyedOptions) maxKeyLength() int {
 type keyedCore struct {
 	table    *sharedTable
 	tableKey string
+	owner    any // the config the table was acquired for
 	hasher   *hashPicker
 	fallback reverseproxy.Selector
 	index    upstreamIndex
@@ -73,9 +76,10 @@ type keyedCore struct {
 }
 
 // provision sets up the core. module is the policy whose embedded KeyedOptions is o (for
-// LoadModule of its FallbackRaw), defaultTable the table name used when none is configured,
-// useTable whether the policy keeps a session table.
-func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, defaultTable string, useTable bool) error {
+// LoadModule of its FallbackRaw), key what the policy keys on (e.g. app_cookie:JSESSIONID:
+// the default table name derives from it and from the handler's place in the config, see
+// defaultTableName), useTable whether the policy keeps a session table.
+func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, key string, useTable bool) error {
 	var err error
 	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize); err != nil {
 		return fmt.Errorf("%s: %w", policy, err)
@@ -83,7 +87,10 @@ func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, po
 	o.MaxKeyLength = o.maxKeyLength()
 	name := o.Table
 	if name == "" {
-		name = defaultTable
+		name = key
+		if useTable {
+			name = defaultTableName(ctx, key)
+		}
 	}
 	k.scope = name
 	if useTable {
@@ -94,7 +101,8 @@ func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, po
 		if cfg.MaxEntries == 0 {
 			cfg.MaxEntries = defaultMaxSessions
 		}
-		if k.table, err = acquireTable(name, policy, cfg); err != nil {
+		k.owner = configOwner(ctx)
+		if k.table, err = acquireTable(name, policy, k.owner, cfg); err != nil {
 			return fmt.Errorf("%s: %w", policy, err)
 		}
 		k.tableKey = name
@@ -132,7 +140,7 @@ func (o *KeyedOptions) validate(policy string) error {
 // cleanup releases shared state.
 func (k *keyedCore) cleanup() {
 	if k.table != nil {
-		releaseTable(k.tableKey)
+		releaseTable(k.table, k.tableKey, k.owner)
 	}
 	if k.stats != nil {
 		releaseScope(k.scope)

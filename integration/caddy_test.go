@@ -656,3 +656,75 @@ func TestAppCookieLearnSurvivesFlood(t *testing.T) {
 		t.Fatalf("%d of %d sessions survived the flood (%d on their backend)", survived, sessions, onOwner.Load())
 	}
 }
+
+// TestAppCookieTablesPerSite: two sites with `app_cookie JSESSIONID` (learn mode) and no
+// table name keep separate tables: a client whose cookie reaches both sites (cookies are
+// per host, not per port) keeps its session on site A after visiting site B, each table
+// keeps its own ttl, and both survive a reload that changes ttl and upstream order.
+func TestAppCookieTablesPerSite(t *testing.T) {
+	as := []*backend{startBackend(t, "a-1"), startBackend(t, "a-2"), startBackend(t, "a-3")}
+	bs := []*backend{startBackend(t, "b-1"), startBackend(t, "b-2"), startBackend(t, "b-3")}
+	portA, portB := freePort(t), freePort(t)
+	cfg := func(ttlA, ttlB string, a, b []*backend) string {
+		site := func(port int, ups []*backend, ttl string) string {
+			return fmt.Sprintf(":%d {\n\tstickylb\n\treverse_proxy %s {\n\t\tlb_policy app_cookie JSESSIONID {\n\t\t\tmode learn\n\t\t\tttl %s\n\t\t}\n\t}\n}\n", port, addrs(ups), ttl)
+		}
+		return fmt.Sprintf("{\n\tadmin localhost:2999\n\tauto_https off\n\tskip_install_trust\n\thttp_port %d\n}\n", portA) +
+			site(portA, a, ttlA) + site(portB, b, ttlB)
+	}
+	caddytest.NewTester(t).InitServer(cfg("10m", "20m", as, bs), "caddyfile")
+	baseA, baseB := fmt.Sprintf("http://127.0.0.1:%d", portA), fmt.Sprintf("http://127.0.0.1:%d", portB)
+	waitPort(t, fmt.Sprintf("127.0.0.1:%d", portB), 10*time.Second)
+	type tableInfo struct {
+		Policy string `json:"policy"`
+		TTL    string `json:"ttl"`
+	}
+	tables := func() map[string]int {
+		var info struct {
+			Tables map[string]tableInfo `json:"tables"`
+		}
+		getJSON(t, adminBase+"/stickylb/sessions", &info)
+		ttls := map[string]int{}
+		for _, tab := range info.Tables {
+			if tab.Policy == "app_cookie" {
+				ttls[tab.TTL]++
+			}
+		}
+		return ttls
+	}
+	if got := tables(); got["10m0s"] != 1 || got["20m0s"] != 1 {
+		t.Fatalf("app_cookie tables by ttl: %v, want one of 10m and one of 20m", got)
+	}
+	const clients = 30
+	cs := make([]*client, clients)
+	pinned := make([]string, clients)
+	for i := range cs {
+		cs[i] = newClient(t, "")
+		var code int
+		if code, pinned[i] = cs[i].get(t, baseA+"/login"); code != 200 {
+			t.Fatalf("login: %d %s", code, pinned[i])
+		}
+		// The same JSESSIONID goes to site B, whose backends never issued it.
+		if code, body := cs[i].get(t, baseB+"/"); code != 200 || byName(bs, body) == nil {
+			t.Fatalf("site B: %d %q", code, body)
+		}
+	}
+	kept := func(when string) {
+		t.Helper()
+		moved := 0
+		for i, c := range cs {
+			if _, body := c.get(t, baseA+"/"); body != pinned[i] {
+				moved++
+			}
+		}
+		if moved > 0 {
+			t.Fatalf("%s: %d of %d sessions of site A moved", when, moved, clients)
+		}
+	}
+	kept("after visiting site B")
+	caddytest.NewTester(t).InitServer(cfg("15m", "25m", []*backend{as[2], as[0], as[1]}, bs), "caddyfile")
+	if got := tables(); got["15m0s"] != 1 || got["25m0s"] != 1 || len(got) != 2 {
+		t.Fatalf("after the reload, app_cookie tables by ttl: %v", got)
+	}
+	kept("after a reload")
+}

@@ -152,6 +152,7 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 //	    secure    auto|always|never
 //	    http_only [true|false]
 //	    same_site lax|strict|none
+//	    keep_cache_control                   # default: responses that set the cookie are private
 //	    fallback  <policy> [<args...>]       # default weighted_least_conn
 //	}
 func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -212,6 +213,11 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err == nil && s.SameSite != "lax" && s.SameSite != "strict" && s.SameSite != "none" {
 				return d.Errf("same_site: %q: want lax, strict or none", s.SameSite)
 			}
+		case "keep_cache_control":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.KeepCacheControl = true
 		case "fallback":
 			err = loadFallback(d, &s.FallbackRaw)
 		default:

@@ -64,8 +64,8 @@ func TestAdaptDirectives(t *testing.T) {
 	}{
 		{"sticky_cookie defaults", "sticky_cookie {\n secret " + sec + "\n}",
 			`{"policy":"sticky_cookie","secrets":["` + sec + `"]}`},
-		{"sticky_cookie full", "sticky_cookie sess {\n secret {env.S} " + sec + "\n ttl 1h\n format envoy\n path /app\n domain example.com\n max_age 24h\n secure always\n http_only false\n same_site strict\n fallback round_robin\n}",
-			`{"policy":"sticky_cookie","name":"sess","secrets":["{env.S}","` + sec + `"],"ttl":3600000000000,"format":"envoy","path":"/app","domain":"example.com","max_age":86400000000000,"secure":"always","http_only":false,"same_site":"strict","fallback":{"policy":"round_robin"}}`},
+		{"sticky_cookie full", "sticky_cookie sess {\n secret {env.S} " + sec + "\n ttl 1h\n format envoy\n path /app\n domain example.com\n max_age 24h\n secure always\n http_only false\n same_site strict\n keep_cache_control\n fallback round_robin\n}",
+			`{"policy":"sticky_cookie","name":"sess","secrets":["{env.S}","` + sec + `"],"ttl":3600000000000,"format":"envoy","path":"/app","domain":"example.com","max_age":86400000000000,"secure":"always","http_only":false,"same_site":"strict","keep_cache_control":true,"fallback":{"policy":"round_robin"}}`},
 		{"sticky_cookie name in block, fallback with args", "sticky_cookie {\n name c\n secret " + sec + "\n fallback weighted_least_conn 3 1 {\n slow_start 10s\n }\n}",
 			`{"policy":"sticky_cookie","name":"c","secrets":["` + sec + `"],"fallback":{"policy":"weighted_least_conn","weights":[3,1],"slow_start":10000000000}}`},
 		{"app_cookie prefix", "app_cookie JSESSIONID {\n secret " + sec + "\n ttl 2h\n}",

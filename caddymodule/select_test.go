@@ -484,3 +484,62 @@ func TestAppCookiePrefixExpirySlides(t *testing.T) {
 		t.Fatalf("a prefix sealed 45 minutes ago was honoured (expired re-pins %d -> %d)", before, after)
 	}
 }
+
+// TestStickyCookieCacheControl: a response that sets the LB cookie must not be stored by
+// a shared cache (it would hand one client's pin to others).
+func TestStickyCookieCacheControl(t *testing.T) {
+	pool := testPool(3)
+	respond := func(s *StickyCookie, cookieValue string, upstream []string, withHook bool) http.Header {
+		r := request("/")
+		if cookieValue != "" {
+			r.Header.Set("Cookie", "lb_session="+cookieValue)
+		}
+		hk := &responseHook{r: r}
+		if withHook {
+			caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+		}
+		w := httptest.NewRecorder()
+		s.Select(pool, r, w)
+		h := w.Header()
+		for _, v := range upstream { // as Caddy copies the upstream's headers: added
+			h.Add("Cache-Control", v)
+		}
+		hk.run(h)
+		return h
+	}
+	s := &StickyCookie{Secrets: []string{testSecret}}
+	provision(t, s)
+	cases := []struct {
+		upstream []string
+		want     string
+	}{
+		{nil, "private"},
+		{[]string{"public, max-age=60, s-maxage=600"}, "private, max-age=60"},
+		{[]string{"max-age=60", "Public"}, "private, max-age=60"},
+		{[]string{"no-store"}, "no-store"},
+		{[]string{"private, max-age=5"}, "private, max-age=5"},
+	}
+	for _, tc := range cases {
+		h := respond(s, "", tc.upstream, true)
+		if got := strings.Join(h.Values("Cache-Control"), ", "); got != tc.want {
+			t.Errorf("upstream %q: Cache-Control %q, want %q", tc.upstream, got, tc.want)
+		}
+	}
+	// A hit sets no cookie and leaves the upstream's caching alone.
+	w := httptest.NewRecorder()
+	s.Select(pool, request("/"), w)
+	v := setCookieValue(t, w, "lb_session")
+	if h := respond(s, v, []string{"public, max-age=60"}, true); h.Get("Set-Cookie") != "" || h.Get("Cache-Control") != "public, max-age=60" {
+		t.Errorf("hit: %q", h)
+	}
+	// Without the stickylb handler the response still says private (first).
+	if h := respond(s, "", []string{"max-age=60"}, false); h.Values("Cache-Control")[0] != "private" {
+		t.Errorf("without the handler: %q", h.Values("Cache-Control"))
+	}
+	// Configurable off.
+	k := &StickyCookie{Secrets: []string{testSecret}, KeepCacheControl: true}
+	provision(t, k)
+	if h := respond(k, "", []string{"public"}, true); h.Get("Cache-Control") != "public" {
+		t.Errorf("keep_cache_control: %q", h.Values("Cache-Control"))
+	}
+}

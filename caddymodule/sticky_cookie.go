@@ -61,6 +61,11 @@ type StickyCookie struct {
 	HTTPOnly *bool `json:"http_only,omitempty"`
 	// SameSite is lax, strict or none; default: None when Secure, else Lax (as Caddy).
 	SameSite string `json:"same_site,omitempty"`
+	// KeepCacheControl leaves Cache-Control as the upstream sent it on responses that set
+	// the cookie. By default such a response is made private (HAProxy's nocache): `private`
+	// is added unless `private` or `no-store` is there, and `public` and `s-maxage` are
+	// dropped, so no shared cache hands one client's pin to another.
+	KeepCacheControl bool `json:"keep_cache_control,omitempty"`
 	// FallbackRaw picks the upstream of a new session. Default: weighted_least_conn.
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
@@ -269,6 +274,25 @@ func (s *StickyCookie) setCookie(r *http.Request, w http.ResponseWriter, u *reve
 		value = v
 	}
 	setResponseCookie(w, s.attrs.cookie(r, s.Name, value))
+	if !s.KeepCacheControl {
+		if hk := hookFor(r); hk != nil {
+			hk.onResponse(s, s.privateIfCookie)
+		} else {
+			// Without the stickylb handler the upstream's Cache-Control lines are added
+			// after this one; private comes first, but public or s-maxage may remain.
+			w.Header().Set("Cache-Control", "private")
+		}
+	}
+}
+
+// privateIfCookie makes a response that sets the cookie private (see KeepCacheControl).
+func (s *StickyCookie) privateIfCookie(_ *http.Request, h http.Header) {
+	for _, line := range h["Set-Cookie"] {
+		if setCookieName(line) == s.Name {
+			makePrivate(h)
+			return
+		}
+	}
 }
 
 // Interface guards

@@ -728,3 +728,23 @@ func TestAppCookieTablesPerSite(t *testing.T) {
 	}
 	kept("after a reload")
 }
+
+// TestStickyCookieResponsesArePrivate: through a real Caddy, the response that sets the LB
+// cookie says Cache-Control: private; the hits that follow carry the upstream's own.
+func TestStickyCookieResponsesArePrivate(t *testing.T) {
+	bs := startBackends(t, 2)
+	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\theader_down Cache-Control \"public, max-age=60, s-maxage=600\"")
+	c := newClient(t, "")
+	for i, want := range []string{"private, max-age=60", "public, max-age=60, s-maxage=600"} {
+		req, _ := http.NewRequest("GET", base+"/", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := strings.Join(resp.Header.Values("Cache-Control"), ", "); got != want {
+			t.Fatalf("request %d (Set-Cookie %q): Cache-Control %q, want %q", i, resp.Header.Get("Set-Cookie"), got, want)
+		}
+	}
+}

@@ -49,8 +49,8 @@ type AppCookie struct {
 	Name string `json:"name,omitempty"`
 	// Mode is prefix (default) or learn.
 	Mode string `json:"mode,omitempty"`
-	// Secrets seal the prefix (prefix mode): the first seals, every one opens.
-	Secrets []string `json:"secrets,omitempty"`
+	// SecretOptions seal the prefix (prefix mode).
+	SecretOptions
 	KeyedOptions
 
 	codec   *cookie.Codec
@@ -92,7 +92,7 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 		if a.MaxSessions > 0 || a.Table != "" {
 			return fmt.Errorf("app_cookie %s: max_sessions and table apply to learn mode only (prefix mode keeps no table)", a.Name)
 		}
-		codec, err := newCodec(a.Secrets)
+		codec, err := a.SecretOptions.codec(a.logger, "app_cookie "+a.Name)
 		if err != nil {
 			return fmt.Errorf("app_cookie %s: %w", a.Name, err)
 		}
@@ -102,7 +102,7 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 			return err
 		}
 	case appModeLearn:
-		if len(a.Secrets) > 0 {
+		if len(a.Secrets) > 0 || a.SecretFile != "" || a.InsecureDemoSecret {
 			return fmt.Errorf("app_cookie %s: secret applies to prefix mode only", a.Name)
 		}
 		if a.NoTable {

@@ -56,7 +56,7 @@ func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.U
 func BenchmarkCookie(b *testing.B) {
 	benchPools(b, func(b *testing.B, pool reverseproxy.UpstreamPool) {
 		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyCookie{Secrets: []string{testSecret}}
+			s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 			provision(b, s)
 			runSelect(b, s, pool, cookieRequests(b, s, pool, "lb_session"))
 		})

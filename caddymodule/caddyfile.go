@@ -100,6 +100,24 @@ func floatArg(d *caddyfile.Dispenser) (float64, error) {
 	return f, nil
 }
 
+// secretOption parses secret_file and insecure_demo_secret.
+func secretOption(d *caddyfile.Dispenser, o *SecretOptions) error {
+	switch d.Val() {
+	case "secret_file":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		o.SecretFile = v
+	case "insecure_demo_secret":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		o.InsecureDemoSecret = true
+	}
+	return nil
+}
+
 // keyedOption parses one subdirective shared by the keyed policies; handled is false
 // when the subdirective is not one of them.
 func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err error) {
@@ -143,7 +161,9 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 //
 //	lb_policy sticky_cookie [<name>] {
 //	    name      <cookie name>              # default lb_session
-//	    secret    <secret> [<older>...]      # required, each >= 32 bytes; first seals
+//	    secret    <secret> [<older>...]      # each >= 32 bytes; first seals; use {env.NAME}
+//	    secret_file <path>                   # or: one secret a line, first seals
+//	    insecure_demo_secret                 # no secret set: a public demo secret, with a warning
 //	    ttl       <duration>                 # default 30m, sliding
 //	    format    sealed|envoy
 //	    path      <path>
@@ -177,6 +197,8 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(s.Secrets) == 0 {
 				return d.ArgErr()
 			}
+		case "secret_file", "insecure_demo_secret":
+			err = secretOption(d, &s.SecretOptions)
 		case "ttl":
 			err = durationArg(d, &s.TTL)
 		case "format":
@@ -234,7 +256,8 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //
 //	lb_policy app_cookie <name> {
 //	    mode          prefix|learn     # default prefix
-//	    secret        <secret> [<older>...]   # prefix mode: required
+//	    secret        <secret> [<older>...]   # prefix mode: secret, secret_file or
+//	    secret_file   <path>                  # insecure_demo_secret, as sticky_cookie
 //	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix (default 30m)
 //	    max_sessions  <n>              # learn mode
 //	    table         <name>           # learn mode: share a table between handlers
@@ -266,6 +289,10 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			if a.Secrets = d.RemainingArgs(); len(a.Secrets) == 0 {
 				return d.ArgErr()
+			}
+		case "secret_file", "insecure_demo_secret":
+			if err := secretOption(d, &a.SecretOptions); err != nil {
+				return err
 			}
 		default:
 			handled, err := keyedOption(d, &a.KeyedOptions)

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/cookie"
@@ -64,7 +68,7 @@ func setCookieValue(t testing.TB, w *httptest.ResponseRecorder, name string) str
 }
 
 func TestStickyCookieRoundTrip(t *testing.T) {
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	pool := testPool(3)
 	w := httptest.NewRecorder()
@@ -94,7 +98,7 @@ func TestStickyCookieRoundTrip(t *testing.T) {
 }
 
 func TestStickyCookieRepins(t *testing.T) {
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	clock := time.Unix(2_000_000_000, 0)
 	s.now = func() time.Time { return clock }
@@ -154,7 +158,7 @@ func TestStickyCookieRepins(t *testing.T) {
 }
 
 func TestStickyCookieRetryAndDrain(t *testing.T) {
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	pool := testPool(3)
 	codec, _ := cookie.NewCodec([]byte(testSecret))
@@ -209,7 +213,7 @@ func TestStickyCookieEnvoyFormat(t *testing.T) {
 
 func TestStickyCookieNeedsSecret(t *testing.T) {
 	for _, secrets := range [][]string{nil, {"short"}, {testSecret, "short"}, {"{env.STICKYLB_TEST_UNSET}"}} {
-		s := &StickyCookie{Secrets: secrets}
+		s := &StickyCookie{SecretOptions: SecretOptions{Secrets: secrets}}
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := s.Provision(ctx)
 		cancel()
@@ -273,7 +277,7 @@ func TestStickyHeaderTableAndFallback(t *testing.T) {
 }
 
 func TestAppCookiePrefixRewrite(t *testing.T) {
-	a := &AppCookie{Name: "JSESSIONID", Secrets: []string{testSecret}}
+	a := &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, a)
 	pool := testPool(3)
 	// First request: no cookie; the upstream sets one; the client sees it prefixed.
@@ -444,7 +448,7 @@ func TestAppCookieLearnCapsKeys(t *testing.T) {
 // TestAppCookiePrefixExpirySlides: a prefix lives for the policy's ttl (default 30m) from the
 // upstream's last Set-Cookie of the cookie, not ten years.
 func TestAppCookiePrefixExpirySlides(t *testing.T) {
-	a := &AppCookie{Name: "JSESSIONID", Secrets: []string{testSecret}}
+	a := &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, a)
 	clock := time.Unix(2_000_000_000, 0)
 	a.now = func() time.Time { return clock }
@@ -507,7 +511,7 @@ func TestStickyCookieCacheControl(t *testing.T) {
 		hk.run(h)
 		return h
 	}
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	cases := []struct {
 		upstream []string
@@ -537,9 +541,56 @@ func TestStickyCookieCacheControl(t *testing.T) {
 		t.Errorf("without the handler: %q", h.Values("Cache-Control"))
 	}
 	// Configurable off.
-	k := &StickyCookie{Secrets: []string{testSecret}, KeepCacheControl: true}
+	k := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}, KeepCacheControl: true}
 	provision(t, k)
 	if h := respond(k, "", []string{"public"}, true); h.Get("Cache-Control") != "public" {
 		t.Errorf("keep_cache_control: %q", h.Values("Cache-Control"))
+	}
+}
+
+// TestSecretSources: secrets from a file (first seals, all open), from the environment at
+// provision, and the demo fallback, which warns.
+func TestSecretSources(t *testing.T) {
+	old, cur := "an-older-secret-0123456789abcdef-old", "the-current-secret-0123456789abcdef"
+	oldCodec, _ := cookie.NewCodec([]byte(old))
+	clock := time.Unix(2_000_000_000, 0)
+	oldV, _ := oldCodec.Seal(cookie.Payload{Backend: "10.0.0.1:80", Issued: clock, Expires: clock.Add(time.Hour)}, "lb_session")
+	path := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(path, []byte("# rotated 2026-12\n"+cur+"\n\n"+old+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	c, err := (&SecretOptions{SecretFile: path}).codec(zap.New(core), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := c.Open(oldV, "lb_session", clock); err != nil || p.Backend != "10.0.0.1:80" {
+		t.Fatalf("a cookie of the older secret: %v %v", p, err)
+	}
+	v, _ := c.Seal(cookie.Payload{Backend: "10.0.0.2:80", Issued: clock, Expires: clock.Add(time.Hour)}, "lb_session")
+	curCodec, _ := cookie.NewCodec([]byte(cur))
+	if _, err := curCodec.Open(v, "lb_session", clock); err != nil {
+		t.Fatalf("the first line does not seal: %v", err)
+	}
+	t.Setenv("STICKYLB_TEST_SECRET", cur)
+	if _, err := (&SecretOptions{Secrets: []string{"{env.STICKYLB_TEST_SECRET}"}}).codec(zap.New(core), "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []SecretOptions{{SecretFile: path, Secrets: []string{cur}}, {SecretFile: path + ".missing"}, {Secrets: []string{"{env.STICKYLB_TEST_UNSET}"}}} {
+		if _, err := bad.codec(zap.New(core), "test"); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("warnings without the demo secret: %v", logs.All())
+	}
+	demo := SecretOptions{Secrets: []string{"{env.STICKYLB_TEST_UNSET}"}, InsecureDemoSecret: true}
+	if _, err := demo.codec(zap.New(core), "test"); err != nil || logs.FilterMessageSnippet("public demo secret").Len() != 1 {
+		t.Fatalf("demo fallback: %v, logs %v", err, logs.All())
+	}
+	// With the variable set the demo flag changes nothing, and says nothing.
+	demo.Secrets = []string{"{env.STICKYLB_TEST_SECRET}"}
+	if c, err := demo.codec(zap.New(core), "test"); err != nil || logs.Len() != 1 {
+		t.Fatalf("demo flag with a secret: %v %v", c, err)
 	}
 }

@@ -40,9 +40,8 @@ const (
 type StickyCookie struct {
 	// Name of the cookie. Default: lb_session.
 	Name string `json:"name,omitempty"`
-	// Secrets seal and open the cookie: the first seals, every one opens (rotation). Each at
-	// least 32 bytes; placeholders such as {env.STICKYLB_SECRET} are replaced at provision.
-	Secrets []string `json:"secrets,omitempty"`
+	// SecretOptions seal and open the cookie (format sealed).
+	SecretOptions
 	// TTL is the session lifetime without requests. Default: 30m.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 	// Format is sealed (default) or envoy (Envoy's stateful-session cookie: base64 of the
@@ -117,7 +116,7 @@ func (s *StickyCookie) Provision(ctx caddy.Context) error {
 		s.attrs.Path = "/"
 	}
 	if s.Format == formatSealed {
-		codec, err := newCodec(s.Secrets)
+		codec, err := s.SecretOptions.codec(s.logger, "sticky_cookie "+s.Name)
 		if err != nil {
 			return fmt.Errorf("sticky_cookie %s: %w", s.Name, err)
 		}
@@ -135,31 +134,6 @@ func (s *StickyCookie) Provision(ctx caddy.Context) error {
 	s.stats = acquireScope(s.scope)
 	registerMetrics(ctx)
 	return nil
-}
-
-// newCodec builds a cookie codec from configured secrets, replacing global placeholders
-// ({env.X}, {file.X}) as Caddy modules do at provision.
-func newCodec(secrets []string) (*cookie.Codec, error) {
-	if len(secrets) == 0 {
-		return nil, errors.New("no secret: set `secret` (at least 32 bytes), e.g. secret {env.STICKYLB_SECRET}")
-	}
-	repl := caddy.NewReplacer()
-	keys := make([][]byte, 0, len(secrets))
-	for i, sec := range secrets {
-		v := repl.ReplaceKnown(sec, "")
-		if len(v) < cookie.MinSecretLen {
-			what := "secret"
-			if i > 0 {
-				what = fmt.Sprintf("older secret #%d", i)
-			}
-			if v == "" {
-				return nil, fmt.Errorf("%s %q is empty (an unset environment variable?); it must be at least %d bytes", what, sec, cookie.MinSecretLen)
-			}
-			return nil, fmt.Errorf("%s is %d bytes; it must be at least %d", what, len(v), cookie.MinSecretLen)
-		}
-		keys = append(keys, []byte(v))
-	}
-	return cookie.NewCodec(keys...)
 }
 
 // Validate checks the configuration.

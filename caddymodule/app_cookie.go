@@ -223,7 +223,7 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 	if t.empty() {
 		return
 	}
-	served := t.ups[len(t.ups)-1] // the last attempt is the one that answered
+	served := t.last() // the last attempt is the one that answered
 	lines := h["Set-Cookie"]
 	for i, line := range lines {
 		if setCookieName(line) != a.Name {

@@ -149,6 +149,14 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 		o.MaxRingSize, err = uintArg(d)
 	case "max_key_length":
 		o.MaxKeyLength, err = intArg(d, 1)
+	case "bounded_load":
+		var f float64
+		if f, err = floatArg(d); err == nil {
+			if f < 1 {
+				return true, d.Errf("bounded_load: %v: the factor must be at least 1 (1.25 lets an upstream take 25%% over its share)", f)
+			}
+			o.BoundedLoad = f
+		}
 	case "fallback":
 		err = loadFallback(d, &o.FallbackRaw)
 	default:
@@ -312,7 +320,7 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	lb_policy sticky_url {
 //	    query <name> | path_segment <n> | suffix <marker>   # exactly one
 //	    ttl / max_sessions / table / no_table / hash / table_size /
-//	    min_ring_size / max_ring_size / max_key_length / fallback
+//	    min_ring_size / max_ring_size / max_key_length / bounded_load / fallback
 //	}
 func (s *StickyURL) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
@@ -359,7 +367,7 @@ func (s *StickyURL) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //
 //	lb_policy sticky_header <name> {
 //	    ttl / max_sessions / table / no_table / hash / table_size /
-//	    min_ring_size / max_ring_size / max_key_length / fallback
+//	    min_ring_size / max_ring_size / max_key_length / bounded_load / fallback
 //	}
 func (s *StickyHeader) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
@@ -386,6 +394,7 @@ func (s *StickyHeader) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    hash maglev|ring
 //	    table_size <prime>
 //	    ttl <duration>            # keep a table too (default: hash only)
+//	    bounded_load <factor>     # Envoy's bounded load, e.g. 1.25; default off
 //	    max_sessions / table / min_ring_size / max_ring_size / fallback
 //	}
 func (s *StickyIP) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -44,6 +44,11 @@ type KeyedOptions struct {
 	// MinRingSize and MaxRingSize size the ring (as Envoy and gRPC). Default 1024 and 4096.
 	MinRingSize uint64 `json:"min_ring_size,omitempty"`
 	MaxRingSize uint64 `json:"max_ring_size,omitempty"`
+	// BoundedLoad turns on Envoy's bounded load (hash_balance_factor, as a factor: 1.25
+	// is Envoy's 125): a key whose hashed upstream has more than its share of in-flight
+	// requests times the factor goes to the next upstream in Envoy's probe order. It trades
+	// agreement between nodes for balance, so it is off (0) by default; at least 1 when set.
+	BoundedLoad float64 `json:"bounded_load,omitempty"`
 	// MaxKeyLength: keys longer than this are kept in the table by a digest. Default 256.
 	MaxKeyLength int `json:"max_key_length,omitempty"`
 	// FallbackRaw picks the upstream of a request that carries no key. Default
@@ -81,7 +86,7 @@ type keyedCore struct {
 // defaultTableName), useTable whether the policy keeps a session table.
 func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, key string, useTable bool) error {
 	var err error
-	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize); err != nil {
+	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize, o.BoundedLoad); err != nil {
 		return fmt.Errorf("%s: %w", policy, err)
 	}
 	o.MaxKeyLength = o.maxKeyLength()
@@ -127,6 +132,9 @@ func (o *KeyedOptions) validate(policy string) error {
 	}
 	if o.MaxSessions < 0 {
 		return fmt.Errorf("%s: max_sessions must not be negative", policy)
+	}
+	if o.BoundedLoad != 0 && o.BoundedLoad < 1 {
+		return fmt.Errorf("%s: bounded_load must be at least 1", policy)
 	}
 	if o.MaxKeyLength < 0 {
 		return fmt.Errorf("%s: max_key_length must not be negative", policy)

@@ -54,6 +54,9 @@ type AppCookie struct {
 	KeyedOptions
 
 	codec   *cookie.Codec
+	opened  *openCache
+	// respond is a.onResponse, bound once: a method value made per request allocates.
+	respond func(*http.Request, http.Header)
 	core    keyedCore
 	ttl     time.Duration
 	context string
@@ -81,6 +84,7 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 	if a.Mode == "" {
 		a.Mode = appModePrefix
 	}
+	a.respond = a.onResponse
 	a.context = "app_cookie:" + a.Name
 	a.varKey = "stickylb.app_cookie." + a.Name
 	a.ttl = time.Duration(a.TTL)
@@ -97,6 +101,7 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("app_cookie %s: %w", a.Name, err)
 		}
 		a.codec = codec
+		a.opened = newOpenCache()
 		// The prefix carries the pin: no table (ttl bounds the prefix's validity instead).
 		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, false); err != nil {
 			return err
@@ -143,7 +148,7 @@ func (a *AppCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 		})
 		a.core.stats.repins.add("no_handler")
 	} else {
-		hk.onResponse(a, a.onResponse)
+		hk.onResponse(a, a.respond)
 	}
 	if a.Mode == appModeLearn {
 		return a.selectLearn(pool, r, w)
@@ -163,10 +168,10 @@ func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request
 			pin.value = v[i+1:]
 			// The application must see its own value, whatever happens to the prefix.
 			replaceRequestCookie(r.Header, a.Name, pin.value)
-			p, err := a.codec.Open(v[:i], a.context, a.now())
+			id, err := a.openPrefix(v[:i], a.now())
 			switch {
 			case err == nil:
-				pin.id = p.Backend
+				pin.id = id
 			case errors.Is(err, cookie.ErrExpired):
 				pin.reason = reasonExpired
 				a.core.stats.reject(cookie.Reason(err))
@@ -187,6 +192,23 @@ func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request
 	a.core.stats.hits.Add(1)
 	recordPick(r, u)
 	return u
+}
+
+// openPrefix returns the identity a prefix seals, from the cache when it opened before
+// (see openCache; the expiry is checked on every request).
+func (a *AppCookie) openPrefix(prefix string, now time.Time) (string, error) {
+	if e := a.opened.get(prefix); e != nil {
+		if !now.Before(e.expires) {
+			return "", fmt.Errorf("%w at %s", cookie.ErrExpired, e.expires.UTC().Format(time.RFC3339))
+		}
+		return e.backend, nil
+	}
+	p, err := a.codec.Open(prefix, a.context, now)
+	if err != nil {
+		return "", err
+	}
+	a.opened.put(prefix, p.Backend, p.Expires)
+	return p.Backend, nil
 }
 
 // pickNew starts a session on a fallback pick; the upstream's Set-Cookie will carry it.

@@ -171,3 +171,45 @@ func TestBoundedLoad(t *testing.T) {
 		t.Fatal("without bounded_load the hash alone must decide")
 	}
 }
+
+// TestOpenCacheNeverServesTampered: once a valid cookie is in the open cache, every value
+// that differs from it in one character is still rejected, and the cached value's expiry
+// still holds.
+func TestOpenCacheNeverServesTampered(t *testing.T) {
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
+	provision(t, s)
+	clock := time.Unix(2_000_000_000, 0)
+	s.now = func() time.Time { return clock }
+	pool := testPool(3)
+	codec, _ := cookie.NewCodec([]byte(testSecret))
+	v, _ := codec.Seal(cookie.Payload{Backend: pool[2].Dial, Issued: clock, Expires: clock.Add(time.Hour)}, "lb_session")
+	sel := func(value string) (*reverseproxy.Upstream, string) {
+		r := request("/")
+		r.Header.Set("Cookie", "lb_session="+value)
+		w := httptest.NewRecorder()
+		return s.Select(pool, r, w), setCookieValue(t, w, "lb_session")
+	}
+	for i := 0; i < 3; i++ {
+		if u, fresh := sel(v); u != pool[2] || fresh != "" {
+			t.Fatalf("valid cookie: %v, re-set %q", u, fresh)
+		}
+	}
+	if s.opened.get(v) == nil {
+		t.Fatal("the valid value is not cached")
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	for i := range v {
+		c := alphabet[(strings.IndexByte(alphabet, v[i])+1)%len(alphabet)]
+		bad := v[:i] + string(c) + v[i+1:]
+		if _, fresh := sel(bad); fresh == "" {
+			t.Fatalf("value tampered at %d was accepted", i)
+		}
+		if s.opened.get(bad) != nil {
+			t.Fatalf("value tampered at %d entered the cache", i)
+		}
+	}
+	clock = clock.Add(time.Hour)
+	if _, fresh := sel(v); fresh == "" {
+		t.Fatal("an expired cookie was served from the cache")
+	}
+}

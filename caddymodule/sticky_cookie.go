@@ -72,6 +72,7 @@ type StickyCookie struct {
 	codec    *cookie.Codec
 	attrs    cookieAttrs
 	ttl      time.Duration
+	opened   *openCache
 	index    upstreamIndex
 	stats    *scopeStats
 	scope    string
@@ -130,6 +131,7 @@ func (s *StickyCookie) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("sticky_cookie %s: loading fallback selection policy: %w", s.Name, err)
 	}
 	s.fallback = mod.(reverseproxy.Selector)
+	s.opened = newOpenCache()
 	s.scope = "sticky_cookie:" + s.Name
 	s.stats = acquireScope(s.scope)
 	registerMetrics(ctx)
@@ -211,8 +213,24 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	return u
 }
 
-// open returns the identity and expiry a cookie value carries.
+// open returns the identity and expiry a cookie value carries. Values opened before are
+// answered from the cache (see openCache), their expiry checked here as the codec would.
 func (s *StickyCookie) open(v string, now time.Time) (string, time.Time, error) {
+	if e := s.opened.get(v); e != nil {
+		if !e.expires.IsZero() && !now.Before(e.expires) {
+			return "", time.Time{}, fmt.Errorf("%w at %s", cookie.ErrExpired, e.expires.UTC().Format(time.RFC3339))
+		}
+		return e.backend, e.expires, nil
+	}
+	id, exp, err := s.openValue(v, now)
+	if err == nil {
+		s.opened.put(v, id, exp)
+	}
+	return id, exp, err
+}
+
+// openValue opens v with the codec (or decodes Envoy's cookie).
+func (s *StickyCookie) openValue(v string, now time.Time) (string, time.Time, error) {
 	if s.Format == formatEnvoy {
 		// Enforced as current Envoys enforce it; none (or a monotonic one, which
 		// DecodeEnvoy drops) means no expiry, and Select re-issues the cookie with one.

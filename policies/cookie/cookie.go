@@ -67,6 +67,10 @@ const (
 	maxSecrets = 16
 )
 
+// strictEncoding decodes values: strict, so a value has one encoding and no two cookie
+// strings open to one payload (a cache keyed by the value relies on it). Read-only.
+var strictEncoding = base64.RawURLEncoding.Strict()
+
 // Errors Open returns; Reason names them for metrics.
 var (
 	ErrMalformed  = errors.New("malformed cookie")
@@ -209,7 +213,7 @@ func (c *Codec) Open(v, context string, now time.Time) (Payload, error) {
 	if len(v) > MaxValueLen {
 		return Payload{}, fmt.Errorf("%w: %d bytes", ErrMalformed, len(v))
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(v)
+	raw, err := strictEncoding.DecodeString(v)
 	if err != nil {
 		return Payload{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}

@@ -53,8 +53,8 @@ type AppCookie struct {
 	SecretOptions
 	KeyedOptions
 
-	codec   *cookie.Codec
-	opened  *openCache
+	codec  *cookie.Codec
+	opened *openCache
 	// respond is a.onResponse, bound once: a method value made per request allocates.
 	respond func(*http.Request, http.Header)
 	core    keyedCore

@@ -194,6 +194,12 @@ func recordPick(r *http.Request, u *reverseproxy.Upstream) {
 	switch {
 	case t.empty():
 		caddyhttp.SetVar(r.Context(), triedVarKey, u)
+	case t.one != nil && t.has(u):
+		// The same upstream again (a fallback records its pick, then the policy that
+		// called it): still one.
+		if t.one != u {
+			caddyhttp.SetVar(r.Context(), triedVarKey, u)
+		}
 	case t.one != nil:
 		s := &triedSet{ids: []string{identity(t.one)}, last: u}
 		if !t.has(u) {

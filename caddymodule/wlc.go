@@ -202,6 +202,9 @@ func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Reque
 	if p.clocks != nil {
 		p.clocks.endRound()
 	}
+	// Recorded so that a retry of this request (directly under reverse_proxy, or as the
+	// fallback of a sticky policy) skips it.
+	recordPick(r, pool[pick])
 	return pool[pick]
 }
 

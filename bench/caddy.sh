@@ -10,7 +10,11 @@
 #             request); reported beside the hit path.
 #
 # Prints, per arm, the median requests/s, the median of its per-round ratio to round_robin
-# (same round), and the spread of that ratio (min..max over the rounds).
+# (same round), and the spread of that ratio (min..max over the rounds). On a shared machine
+# the load of other processes swings between one wrk run and the next; so each round also
+# runs every arm at the same time as round_robin (two wrk at once, against the same Caddy,
+# which shares its CPU between them): the "paired" ratio of those two throughputs is the
+# ratio of their costs per request, and outside load hits both alike.
 #
 #   ROUNDS (default 5), DURATION per wrk run (default 3s), CONNS (default 16), THREADS (1).
 set -euo pipefail
@@ -90,35 +94,58 @@ local p = os.getenv("REPLAY_PATH")
 if p and p ~= "" then wrk.path = p end
 LUA
 
-results="$work/results"
+# run ARM OUT: one wrk run against ARM's site, its output in OUT.
+run() {
+	REPLAY_HEADER="${header[$1]:-}" REPLAY_PATH="${path[$1]:-}" \
+		wrk -t"$threads" -c"$conns" -d"$duration" -s "$work/replay.lua" "http://127.0.0.1:${port[$1]}/" >"$2" 2>&1
+}
+# rps ARM OUT: the requests/s of a run, failing on errors.
+rps() {
+	if grep -qE 'Non-2xx|Socket errors' "$2"; then echo "$1: $(grep -E 'Non-2xx|Socket errors' "$2")" >&2; exit 1; fi
+	awk '/^Requests\/sec:/ { print $2 }' "$2"
+}
+
+results="$work/results" paired="$work/paired"
 : >"$results"
+: >"$paired"
 for r in $(seq "$rounds"); do
 	for a in "${arms[@]}"; do
-		out=$(REPLAY_HEADER="${header[$a]:-}" REPLAY_PATH="${path[$a]:-}" \
-			wrk -t"$threads" -c"$conns" -d"$duration" -s "$work/replay.lua" "http://127.0.0.1:${port[$a]}/" 2>&1)
-		rps=$(awk '/^Requests\/sec:/ { print $2 }' <<<"$out")
-		errs=$(awk '/Non-2xx|Socket errors/ { print }' <<<"$out")
-		[ -z "$errs" ] || { echo "$a: $errs" >&2; exit 1; }
-		echo "$r $a $rps" >>"$results"
-		printf 'round %d %-20s %10.0f req/s\n' "$r" "$a" "$rps"
+		run "$a" "$work/out"
+		v=$(rps "$a" "$work/out")
+		echo "$r $a $v" >>"$results"
+		printf 'round %d %-20s %10.0f req/s\n' "$r" "$a" "$v"
+	done
+	for a in "${arms[@]}"; do
+		[ "$a" != round_robin ] || continue
+		run "$a" "$work/outa" &
+		pa=$!
+		run round_robin "$work/outb"
+		wait "$pa"
+		va=$(rps "$a" "$work/outa")
+		vb=$(rps round_robin "$work/outb")
+		echo "$r $a $va $vb" >>"$paired"
+		printf 'round %d %-20s %10.0f req/s beside round_robin %10.0f\n' "$r" "$a" "$va" "$vb"
 	done
 done
 
 echo
-printf '%-20s %12s %10s %16s\n' arm "req/s (med)" "x rr" "spread (min..max)"
-awk '
+printf '%-20s %12s %10s %16s %12s %16s\n' arm "req/s (med)" "x rr" "spread" "paired x rr" "spread"
+awk -v pf="$paired" '
 	{ rps[$1, $2] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 }; if ($1 > R) R = $1 }
 	function median(a, k,   i, j, t) {
 		for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
 		return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
 	}
 	END {
+		while ((getline line < pf) > 0) { split(line, f, " "); pq[f[1], f[2]] = f[3] / f[4] }
 		for (x = 1; x <= n; x++) {
-			arm = order[x]; delete v; delete q; lo = 1e9; hi = 0
+			arm = order[x]; delete v; delete q; delete p; lo = 1e9; hi = 0; plo = 1e9; phi = 0
 			for (r = 1; r <= R; r++) {
 				v[r] = rps[r, arm]; q[r] = rps[r, arm] / rps[r, "round_robin"]
 				if (q[r] < lo) lo = q[r]; if (q[r] > hi) hi = q[r]
+				p[r] = arm == "round_robin" ? 1 : pq[r, arm]
+				if (p[r] < plo) plo = p[r]; if (p[r] > phi) phi = p[r]
 			}
-			printf "%-20s %12.0f %10.3f %8.3f..%.3f\n", arm, median(v, R), median(q, R), lo, hi
+			printf "%-20s %12.0f %10.3f %7.3f..%.3f %12.3f %7.3f..%.3f\n", arm, median(v, R), median(q, R), lo, hi, median(p, R), plo, phi
 		}
 	}' "$results"

@@ -64,7 +64,7 @@ type mode struct {
 	localIP  func(i int) string
 }
 
-func TestStickinessPerMode(t *testing.T) {
+func TestCaddyStickinessPerMode(t *testing.T) {
 	plain := func(t *testing.T, c *client, base string, i int) (int, string) { return c.get(t, base+"/") }
 	modes := []mode{
 		{name: "sticky_cookie", policy: "lb_policy sticky_cookie {\n secret " + secret + "\n }", first: plain, next: plain, balanced: true},
@@ -141,7 +141,7 @@ func TestStickinessPerMode(t *testing.T) {
 	}
 }
 
-func TestBadCookiesRepinWith200(t *testing.T) {
+func TestCaddyBadCookiesRepinWith200(t *testing.T) {
 	bs := startBackends(t, 3)
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }")
 	own, _ := cookie.NewCodec([]byte(secret))
@@ -221,10 +221,10 @@ func post(t *testing.T, u string) {
 	}
 }
 
-// TestKillPinnedBackendUnderLoad: clients run requests without pause while the backend many
+// TestCaddyKillPinnedBackendUnderLoad: clients run requests without pause while the backend many
 // are pinned to dies. Retries cover the moments before the health check notices; then the
 // sessions re-pin. No request may fail at any point.
-func TestKillPinnedBackendUnderLoad(t *testing.T) {
+func TestCaddyKillPinnedBackendUnderLoad(t *testing.T) {
 	bs := startBackends(t, 3)
 	// Health: interval 200ms, 1 failure, timeout 150ms: down within ~350ms plus slack.
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\tlb_retries 3\n\t\tlb_try_interval 10ms\n\t\thealth_uri /health\n\t\thealth_interval 200ms\n\t\thealth_timeout 150ms\n\t\thealth_fails 1")
@@ -314,10 +314,10 @@ func TestKillPinnedBackendUnderLoad(t *testing.T) {
 	}
 }
 
-// TestAppCookiePrefixAcrossInstances: a session started through one Caddy continues on
+// TestCaddyAppCookiePrefixAcrossInstances: a session started through one Caddy continues on
 // the same backend through another with the same secret (the built binary), upstreams
 // listed in a different order.
-func TestAppCookiePrefixAcrossInstances(t *testing.T) {
+func TestCaddyAppCookiePrefixAcrossInstances(t *testing.T) {
 	bs := startBackends(t, 3)
 	baseA := serve(t, bs, "\t\tlb_policy app_cookie JSESSIONID {\n secret "+secret+"\n }")
 	portB := freePort(t)
@@ -364,9 +364,9 @@ func TestAppCookiePrefixAcrossInstances(t *testing.T) {
 	}
 }
 
-// TestWeightedLeastConnInflight: 40 concurrent slow requests with weights 3:1 leave the
+// TestCaddyWeightedLeastConnInflight: 40 concurrent slow requests with weights 3:1 leave the
 // in-flight counts (Caddy's own) at 30:10.
-func TestWeightedLeastConnInflight(t *testing.T) {
+func TestCaddyWeightedLeastConnInflight(t *testing.T) {
 	bs := startBackends(t, 2)
 	base := serve(t, bs, "\t\tlb_policy weighted_least_conn 3 1")
 	const total = 40
@@ -403,9 +403,9 @@ func TestWeightedLeastConnInflight(t *testing.T) {
 	}
 }
 
-// TestSlowStartShares: a backend added by a reload ramps up over the slow-start window;
+// TestCaddySlowStartShares: a backend added by a reload ramps up over the slow-start window;
 // request shares over time follow Envoy's formula.
-func TestSlowStartShares(t *testing.T) {
+func TestCaddySlowStartShares(t *testing.T) {
 	bs := startBackends(t, 3)
 	port := freePort(t)
 	cfg := func(n int) string {
@@ -452,8 +452,8 @@ func TestSlowStartShares(t *testing.T) {
 	}
 }
 
-// TestDrainKeepsSessionsTakesNoNew drains a backend through the admin API.
-func TestDrainKeepsSessionsTakesNoNew(t *testing.T) {
+// TestCaddyDrainKeepsSessionsTakesNoNew drains a backend through the admin API.
+func TestCaddyDrainKeepsSessionsTakesNoNew(t *testing.T) {
 	bs := startBackends(t, 3)
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }")
 	var old []*client
@@ -489,8 +489,8 @@ func TestDrainKeepsSessionsTakesNoNew(t *testing.T) {
 	}
 }
 
-// TestAdminSessionsTable: a keyed policy's table in GET, flushed by DELETE.
-func TestAdminSessionsTable(t *testing.T) {
+// TestCaddyAdminSessionsTable: a keyed policy's table in GET, flushed by DELETE.
+func TestCaddyAdminSessionsTable(t *testing.T) {
 	bs := startBackends(t, 3)
 	base := serve(t, bs, "\t\tlb_policy sticky_header X-Session {\n table admin-test\n ttl 1m\n }")
 	c := newClient(t, "")
@@ -537,9 +537,9 @@ func TestAdminSessionsTable(t *testing.T) {
 	}
 }
 
-// TestReloadKeepsSessions: a `caddy reload` (a new config with the same table) keeps the
+// TestCaddyReloadKeepsSessions: a `caddy reload` (a new config with the same table) keeps the
 // session table and its mappings.
-func TestReloadKeepsSessions(t *testing.T) {
+func TestCaddyReloadKeepsSessions(t *testing.T) {
 	bs := startBackends(t, 3)
 	policy := "\t\tlb_policy sticky_header X-Session {\n table reload-test\n ttl 10m\n }"
 	base := serve(t, bs, policy)
@@ -571,10 +571,10 @@ func TestReloadKeepsSessions(t *testing.T) {
 	}
 }
 
-// TestAppCookieLearnSurvivesFlood: app_cookie learn mode keeps the sessions its backends
+// TestCaddyAppCookieLearnSurvivesFlood: app_cookie learn mode keeps the sessions its backends
 // issued while clients send ten times the table's size of values no backend issued. Such
 // values are balanced by their hash, never stored, so they cannot evict a real session.
-func TestAppCookieLearnSurvivesFlood(t *testing.T) {
+func TestCaddyAppCookieLearnSurvivesFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("floods a real Caddy")
 	}
@@ -657,11 +657,11 @@ func TestAppCookieLearnSurvivesFlood(t *testing.T) {
 	}
 }
 
-// TestAppCookieTablesPerSite: two sites with `app_cookie JSESSIONID` (learn mode) and no
+// TestCaddyAppCookieTablesPerSite: two sites with `app_cookie JSESSIONID` (learn mode) and no
 // table name keep separate tables: a client whose cookie reaches both sites (cookies are
 // per host, not per port) keeps its session on site A after visiting site B, each table
 // keeps its own ttl, and both survive a reload that changes ttl and upstream order.
-func TestAppCookieTablesPerSite(t *testing.T) {
+func TestCaddyAppCookieTablesPerSite(t *testing.T) {
 	as := []*backend{startBackend(t, "a-1"), startBackend(t, "a-2"), startBackend(t, "a-3")}
 	bs := []*backend{startBackend(t, "b-1"), startBackend(t, "b-2"), startBackend(t, "b-3")}
 	portA, portB := freePort(t), freePort(t)
@@ -729,9 +729,9 @@ func TestAppCookieTablesPerSite(t *testing.T) {
 	kept("after a reload")
 }
 
-// TestStickyCookieResponsesArePrivate: through a real Caddy, the response that sets the LB
+// TestCaddyStickyCookieResponsesArePrivate: through a real Caddy, the response that sets the LB
 // cookie says Cache-Control: private; the hits that follow carry the upstream's own.
-func TestStickyCookieResponsesArePrivate(t *testing.T) {
+func TestCaddyStickyCookieResponsesArePrivate(t *testing.T) {
 	bs := startBackends(t, 2)
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\theader_down Cache-Control \"public, max-age=60, s-maxage=600\"")
 	c := newClient(t, "")

@@ -31,18 +31,16 @@ const (
 // `cookie ... prefix` does. It is outside base64url, so the first one ends our prefix.
 const prefixSep = '~'
 
-// appPrefixYears is the lifetime sealed into a prefix when no ttl is set: the
-// application's own cookie lifetime then bounds the session.
-const appPrefixYears = 10
-
 // AppCookie follows the application's own session cookie NAME.
 //
 // In prefix mode (default) the upstream's `Set-Cookie: NAME=v` reaches the client as
 // NAME=<sealed identity>~v; requests are routed by the prefix and forwarded with the
 // original v. It keeps no state, so every Caddy node with the same secret routes the
-// session the same way. In learn mode the value v is remembered against the upstream that
-// set it (a bounded session table); requests whose v is not in this node's table go by
-// the consistent hash of v.
+// session the same way; a prefix is honoured for ttl after the upstream last set the
+// cookie. In learn mode the value v is remembered against the upstream that set it (a
+// bounded session table); requests whose v is not in this node's table go by the
+// consistent hash of v and are not stored (only upstreams add keys: HAProxy's
+// store-response), so a flood of invented values cannot evict real sessions.
 //
 // Both modes need the response: add the stickylb handler to the route (the Caddyfile
 // directive `stickylb`, which sorts before reverse_proxy).
@@ -51,11 +49,14 @@ type AppCookie struct {
 	Name string `json:"name,omitempty"`
 	// Mode is prefix (default) or learn.
 	Mode string `json:"mode,omitempty"`
-	// Secrets seal the prefix (prefix mode): the first seals, every one opens.
-	Secrets []string `json:"secrets,omitempty"`
+	// SecretOptions seal the prefix (prefix mode).
+	SecretOptions
 	KeyedOptions
 
-	codec   *cookie.Codec
+	codec  *cookie.Codec
+	opened *openCache
+	// respond is a.onResponse, bound once: a method value made per request allocates.
+	respond func(*http.Request, http.Header)
 	core    keyedCore
 	ttl     time.Duration
 	context string
@@ -83,30 +84,36 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 	if a.Mode == "" {
 		a.Mode = appModePrefix
 	}
+	a.respond = a.onResponse
 	a.context = "app_cookie:" + a.Name
 	a.varKey = "stickylb.app_cookie." + a.Name
 	a.ttl = time.Duration(a.TTL)
+	if a.ttl == 0 {
+		a.ttl = defaultTableTTL
+	}
 	switch a.Mode {
 	case appModePrefix:
 		if a.MaxSessions > 0 || a.Table != "" {
 			return fmt.Errorf("app_cookie %s: max_sessions and table apply to learn mode only (prefix mode keeps no table)", a.Name)
 		}
-		codec, err := newCodec(a.Secrets)
+		codec, err := a.SecretOptions.codec(a.logger, "app_cookie "+a.Name)
 		if err != nil {
 			return fmt.Errorf("app_cookie %s: %w", a.Name, err)
 		}
 		a.codec = codec
+		a.opened = newOpenCache()
 		// The prefix carries the pin: no table (ttl bounds the prefix's validity instead).
 		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, false); err != nil {
 			return err
 		}
 	case appModeLearn:
-		if len(a.Secrets) > 0 {
+		if len(a.Secrets) > 0 || a.SecretFile != "" || a.InsecureDemoSecret {
 			return fmt.Errorf("app_cookie %s: secret applies to prefix mode only", a.Name)
 		}
 		if a.NoTable {
 			return fmt.Errorf("app_cookie %s: learn mode needs its table (no_table applies to other policies)", a.Name)
 		}
+		a.core.learnOnly = true
 		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, true); err != nil {
 			return err
 		}
@@ -141,7 +148,7 @@ func (a *AppCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 		})
 		a.core.stats.repins.add("no_handler")
 	} else {
-		hk.onResponse(a, a.onResponse)
+		hk.onResponse(a, a.respond)
 	}
 	if a.Mode == appModeLearn {
 		return a.selectLearn(pool, r, w)
@@ -161,10 +168,10 @@ func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request
 			pin.value = v[i+1:]
 			// The application must see its own value, whatever happens to the prefix.
 			replaceRequestCookie(r.Header, a.Name, pin.value)
-			p, err := a.codec.Open(v[:i], a.context, a.now())
+			id, err := a.openPrefix(v[:i], a.now())
 			switch {
 			case err == nil:
-				pin.id = p.Backend
+				pin.id = id
 			case errors.Is(err, cookie.ErrExpired):
 				pin.reason = reasonExpired
 				a.core.stats.reject(cookie.Reason(err))
@@ -187,6 +194,23 @@ func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request
 	return u
 }
 
+// openPrefix returns the identity a prefix seals, from the cache when it opened before
+// (see openCache; the expiry is checked on every request).
+func (a *AppCookie) openPrefix(prefix string, now time.Time) (string, error) {
+	if e := a.opened.get(prefix); e != nil {
+		if !now.Before(e.expires) {
+			return "", fmt.Errorf("%w at %s", cookie.ErrExpired, e.expires.UTC().Format(time.RFC3339))
+		}
+		return e.backend, nil
+	}
+	p, err := a.codec.Open(prefix, a.context, now)
+	if err != nil {
+		return "", err
+	}
+	a.opened.put(prefix, p.Backend, p.Expires)
+	return p.Backend, nil
+}
+
 // pickNew starts a session on a fallback pick; the upstream's Set-Cookie will carry it.
 func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter, reason string) *reverseproxy.Upstream {
 	u := a.core.selectUnkeyed(pool, r, w)
@@ -203,7 +227,7 @@ func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w h
 
 func (a *AppCookie) selectLearn(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	v, ok := requestCookie(r.Header, a.Name)
-	if !ok || v == "" {
+	if !ok || v == "" || len(v) > keys.MaxValueLen {
 		return a.core.selectUnkeyed(pool, r, w)
 	}
 	return a.core.selectKey(pool, r, a.key(v))
@@ -221,7 +245,7 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 	if t.empty() {
 		return
 	}
-	served := t.ups[len(t.ups)-1] // the last attempt is the one that answered
+	served := t.last() // the last attempt is the one that answered
 	lines := h["Set-Cookie"]
 	for i, line := range lines {
 		if setCookieName(line) != a.Name {
@@ -237,19 +261,17 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 				}
 				continue
 			}
-			if a.core.table != nil {
-				a.core.table.Put(a.key(value).TableKey, identity(served))
+			if len(value) <= keys.MaxValueLen {
+				a.core.learn(a.key(value), served)
 			}
 		default:
 			if deleting {
 				continue
 			}
+			// The prefix lives for ttl from the upstream's last Set-Cookie of the cookie: the
+			// upstream re-setting it (a refresh, a new value) slides the session.
 			now := a.now()
-			exp := now.AddDate(appPrefixYears, 0, 0)
-			if a.ttl > 0 {
-				exp = now.Add(a.ttl)
-			}
-			prefix, err := a.codec.Seal(cookie.Payload{Backend: identity(served), Issued: now, Expires: exp}, a.context)
+			prefix, err := a.codec.Seal(cookie.Payload{Backend: identity(served), Issued: now, Expires: now.Add(a.ttl)}, a.context)
 			if err != nil {
 				if c := a.logger.Check(zap.ErrorLevel, "sealing app cookie prefix"); c != nil {
 					c.Write(zap.String("cookie", a.Name), zap.Error(err))

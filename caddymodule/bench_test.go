@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -12,145 +13,263 @@ import (
 )
 
 // Benchmarks run each stickylb policy beside the Caddy built-in a user would otherwise pick,
-// in one run, over the same pools: compare the ns/op of the impl=stickylb and impl=caddy arms.
+// in one run, over the same pools: compare the ns/op and allocs/op of the impl=stickylb and
+// impl=caddy arms. Each runs at 3, 10, 100 and 1,000 upstreams, with a static pool (the same
+// slice every request, as Caddy's static upstreams) and a dynamic one (a fresh slice of fresh
+// *Upstream values every request, as Caddy's dynamic a/srv/multi sources and the control
+// plane's source return them).
 
-func benchPools(b *testing.B, fn func(b *testing.B, pool reverseproxy.UpstreamPool)) {
-	for _, n := range []int{3, 10, 100} {
-		b.Run(fmt.Sprintf("upstreams=%d", n), func(b *testing.B) { fn(b, testPool(n)) })
+var benchSizes = []int{3, 10, 100, 1000}
+
+// poolSource returns the pool of the i-th request.
+type poolSource func(i int) reverseproxy.UpstreamPool
+
+// freshPools is the number of distinct dynamic pools cycled through; each request gets
+// another one than the request before, as from a dynamic source, without allocating in the
+// timed loop.
+const freshPools = 16
+
+// dynamicPools returns freshPools copies of pool: new slices, new *Upstream values, new
+// Dial strings, the same Hosts (Caddy shares a Host per address across dynamic upstreams).
+func dynamicPools(pool reverseproxy.UpstreamPool) []reverseproxy.UpstreamPool {
+	out := make([]reverseproxy.UpstreamPool, freshPools)
+	for k := range out {
+		p := make(reverseproxy.UpstreamPool, len(pool))
+		for i, u := range pool {
+			p[i] = &reverseproxy.Upstream{Host: u.Host, Dial: strings.Clone(u.Dial)}
+		}
+		out[k] = p
+	}
+	return out
+}
+
+func benchPools(b *testing.B, fn func(b *testing.B, src poolSource)) {
+	for _, n := range benchSizes {
+		static := testPool(n)
+		dyn := dynamicPools(static)
+		b.Run(fmt.Sprintf("upstreams=%d/pool=static", n), func(b *testing.B) {
+			fn(b, func(int) reverseproxy.UpstreamPool { return static })
+		})
+		b.Run(fmt.Sprintf("upstreams=%d/pool=dynamic", n), func(b *testing.B) {
+			fn(b, func(i int) reverseproxy.UpstreamPool { return dyn[i%freshPools] })
+		})
 	}
 }
 
-// runSelect times Select over 256 prepared requests, each with fresh vars as Caddy gives
-// every request.
-func runSelect(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.UpstreamPool, reqs []*http.Request) {
+// benchReq is one prepared request: its client IP (as Caddy resolves it) and a function
+// that restores anything a policy rewrites in place (app_cookie strips its prefix).
+type benchReq struct {
+	r     *http.Request
+	ip    string
+	reset func(r *http.Request)
+}
+
+// runSelect times Select over 256 prepared requests. Each gets fresh vars holding what
+// Caddy's server puts there (so the map is as large as in Caddy), and the request's hook
+// when the policy needs the stickylb handler.
+func runSelect(b *testing.B, sel reverseproxy.Selector, src poolSource, reqs []benchReq, withHook bool) {
 	w := httptest.NewRecorder()
+	hk := &responseHook{}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		r := reqs[i&255]
-		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
-		if sel.Select(pool, r, w) == nil {
+		q := &reqs[i&255]
+		if q.reset != nil {
+			q.reset(q.r)
+		}
+		vars := map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: q.ip}
+		if withHook {
+			hk.r, hk.done = q.r, false
+			vars[hookVarKey] = hk
+		}
+		r := q.r.WithContext(context.WithValue(q.r.Context(), caddyhttp.VarsCtxKey, vars))
+		if sel.Select(src(i), r, w) == nil {
 			b.Fatal("no upstream")
 		}
 	}
 }
 
-// cookieRequests returns 256 requests, each carrying the cookie sel set on a first visit.
-func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.UpstreamPool, name string) []*http.Request {
-	reqs := make([]*http.Request, 256)
+func plainRequests(mod func(i int, r *http.Request)) []benchReq {
+	reqs := make([]benchReq, 256)
 	for i := range reqs {
+		r := httptest.NewRequest("GET", "/", nil)
+		if mod != nil {
+			mod(i, r)
+		}
+		reqs[i] = benchReq{r: r, ip: fmt.Sprintf("192.0.2.%d", i)}
+	}
+	return reqs
+}
+
+// cookieRequests returns 256 requests, each carrying the cookie sel set on a first visit.
+func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.UpstreamPool, name string) []benchReq {
+	return plainRequests(func(i int, r *http.Request) {
 		w := httptest.NewRecorder()
 		sel.Select(pool, request("/"), w)
 		v := setCookieValue(b, w, name)
 		if v == "" {
 			b.Fatal("no cookie set")
 		}
-		reqs[i] = httptest.NewRequest("GET", "/", nil)
-		reqs[i].Header.Set("Cookie", name+"="+v)
-	}
-	return reqs
+		r.Header.Set("Cookie", name+"="+v)
+	})
 }
 
-// BenchmarkCookie: a request with a valid session cookie, against Caddy's `cookie` policy
-// (an HMAC of the upstream's address, checked against every upstream).
+// appCookieRequests returns 256 requests carrying an app_cookie value the upstream set
+// (through the policy's rewrite in prefix mode, learned in learn mode).
+func appCookieRequests(b *testing.B, a *AppCookie, pool reverseproxy.UpstreamPool) []benchReq {
+	return plainRequests(func(i int, r *http.Request) {
+		first := request("/")
+		hk := &responseHook{r: first}
+		caddyhttp.SetVar(first.Context(), hookVarKey, hk)
+		a.Select(pool, first, httptest.NewRecorder())
+		h := http.Header{"Set-Cookie": {fmt.Sprintf("%s=app-session-%04d; Path=/", a.Name, i)}}
+		hk.run(h)
+		v, _ := splitSetCookie(h.Get("Set-Cookie"))
+		line := a.Name + "=" + v
+		r.Header.Set("Cookie", line)
+	})
+}
+
+// BenchmarkCookie: a request with a valid session cookie (the hit path), against Caddy's
+// `cookie` policy (an HMAC of the upstream's address, checked against every upstream).
 func BenchmarkCookie(b *testing.B) {
-	benchPools(b, func(b *testing.B, pool reverseproxy.UpstreamPool) {
+	benchPools(b, func(b *testing.B, src poolSource) {
 		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyCookie{Secrets: []string{testSecret}}
+			s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 			provision(b, s)
-			runSelect(b, s, pool, cookieRequests(b, s, pool, "lb_session"))
+			runSelect(b, s, src, cookieRequests(b, s, src(0), "lb_session"), false)
+		})
+		b.Run("impl=stickylb-app_cookie", func(b *testing.B) {
+			a := &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
+			provision(b, a)
+			reqs := appCookieRequests(b, a, src(0))
+			for i := range reqs {
+				line := reqs[i].r.Header.Get("Cookie")
+				reqs[i].reset = func(r *http.Request) { r.Header["Cookie"][0] = line }
+			}
+			runSelect(b, a, src, reqs, true)
+		})
+		b.Run("impl=stickylb-app_cookie_learn", func(b *testing.B) {
+			a := &AppCookie{Name: "JSESSIONID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: b.Name()}}
+			provision(b, a)
+			runSelect(b, a, src, appCookieRequests(b, a, src(0)), true)
 		})
 		b.Run("impl=caddy", func(b *testing.B) {
 			s := &reverseproxy.CookieHashSelection{Name: "lb", Secret: testSecret}
 			provision(b, s)
-			runSelect(b, s, pool, cookieRequests(b, s, pool, "lb"))
+			runSelect(b, s, src, cookieRequests(b, s, src(0), "lb"), false)
 		})
 	})
 }
 
-func ipRequests() []*http.Request {
-	reqs := make([]*http.Request, 256)
-	for i := range reqs {
-		reqs[i] = httptest.NewRequest("GET", "/", nil)
-		reqs[i].RemoteAddr = fmt.Sprintf("192.0.2.%d:4000", i)
-	}
-	return reqs
+// BenchmarkCookieMiss: a request without a cookie: a new session, a seal per request.
+func BenchmarkCookieMiss(b *testing.B) {
+	benchPools(b, func(b *testing.B, src poolSource) {
+		b.Run("impl=stickylb", func(b *testing.B) {
+			s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
+			provision(b, s)
+			runSelect(b, s, src, plainRequests(nil), false)
+		})
+		b.Run("impl=caddy", func(b *testing.B) {
+			s := &reverseproxy.CookieHashSelection{Name: "lb", Secret: testSecret}
+			provision(b, s)
+			runSelect(b, s, src, plainRequests(nil), false)
+		})
+	})
 }
 
 // BenchmarkClientIP: sticky_ip (Maglev, O(1)) against Caddy's client_ip_hash (rendezvous
-// hashing over every upstream).
+// hashing over every upstream). Both read the client IP Caddy resolved.
 func BenchmarkClientIP(b *testing.B) {
-	benchPools(b, func(b *testing.B, pool reverseproxy.UpstreamPool) {
-		reqs := ipRequests()
+	benchPools(b, func(b *testing.B, src poolSource) {
 		b.Run("impl=stickylb", func(b *testing.B) {
 			s := &StickyIP{}
 			provision(b, s)
-			// sticky_ip reads the client IP Caddy resolved; set it as the server would.
-			ips := make([]*http.Request, len(reqs))
-			for i, r := range reqs {
-				ctx := context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: fmt.Sprintf("192.0.2.%d", i)})
-				ips[i] = r.WithContext(ctx)
-			}
-			w := httptest.NewRecorder()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				r := ips[i&255]
-				vars := map[string]any{caddyhttp.ClientIPVarKey: r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)[caddyhttp.ClientIPVarKey]}
-				r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, vars))
-				if s.Select(pool, r, w) == nil {
-					b.Fatal("no upstream")
-				}
-			}
+			runSelect(b, s, src, plainRequests(nil), false)
 		})
 		b.Run("impl=caddy", func(b *testing.B) {
-			s := &reverseproxy.IPHashSelection{}
-			runSelect(b, s, pool, reqs)
+			runSelect(b, reverseproxy.ClientIPHashSelection{}, src, plainRequests(nil), false)
 		})
 	})
 }
 
-// BenchmarkHeader: sticky_header without a table (hash only, as Caddy's header policy)
-// against Caddy's `header` policy.
+// BenchmarkHeader: sticky_header without a table (hash only, as Caddy's header policy) and
+// with one, against Caddy's `header` policy.
 func BenchmarkHeader(b *testing.B) {
-	benchPools(b, func(b *testing.B, pool reverseproxy.UpstreamPool) {
-		reqs := make([]*http.Request, 256)
-		for i := range reqs {
-			reqs[i] = httptest.NewRequest("GET", "/", nil)
-			reqs[i].Header.Set("X-Session", fmt.Sprintf("session-%08d", i))
-		}
+	benchPools(b, func(b *testing.B, src poolSource) {
+		reqs := plainRequests(func(i int, r *http.Request) { r.Header.Set("X-Session", fmt.Sprintf("session-%08d", i)) })
 		b.Run("impl=stickylb", func(b *testing.B) {
 			s := &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}}
 			provision(b, s)
-			runSelect(b, s, pool, reqs)
+			runSelect(b, s, src, reqs, false)
 		})
 		b.Run("impl=stickylb-table", func(b *testing.B) {
 			s := &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{Table: b.Name()}}
 			provision(b, s)
-			runSelect(b, s, pool, reqs)
+			runSelect(b, s, src, reqs, false)
 		})
 		b.Run("impl=caddy", func(b *testing.B) {
 			s := &reverseproxy.HeaderHashSelection{Field: "X-Session"}
 			provision(b, s)
-			runSelect(b, s, pool, reqs)
+			runSelect(b, s, src, reqs, false)
 		})
 	})
 }
 
-// BenchmarkLeastConn: weighted_least_conn against Caddy's least_conn.
+// BenchmarkURL: sticky_url by query parameter against Caddy's `query` and `uri_hash`.
+func BenchmarkURL(b *testing.B) {
+	benchPools(b, func(b *testing.B, src poolSource) {
+		reqs := plainRequests(func(i int, r *http.Request) {
+			r.URL.RawQuery = fmt.Sprintf("sid=session-%08d&x=1", i)
+			r.RequestURI = "/app?" + r.URL.RawQuery
+		})
+		b.Run("impl=stickylb", func(b *testing.B) {
+			s := &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{NoTable: true}}
+			provision(b, s)
+			runSelect(b, s, src, reqs, false)
+		})
+		b.Run("impl=stickylb-table", func(b *testing.B) {
+			s := &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{Table: b.Name()}}
+			provision(b, s)
+			runSelect(b, s, src, reqs, false)
+		})
+		b.Run("impl=caddy-query", func(b *testing.B) {
+			s := &reverseproxy.QueryHashSelection{Key: "sid"}
+			provision(b, s)
+			runSelect(b, s, src, reqs, false)
+		})
+		b.Run("impl=caddy-uri_hash", func(b *testing.B) {
+			runSelect(b, reverseproxy.URIHashSelection{}, src, reqs, false)
+		})
+	})
+}
+
+// BenchmarkLeastConn: weighted_least_conn against Caddy's least_conn, idle upstreams (every
+// upstream ties: the tie-break is what is measured).
 func BenchmarkLeastConn(b *testing.B) {
-	benchPools(b, func(b *testing.B, pool reverseproxy.UpstreamPool) {
-		reqs := make([]*http.Request, 256)
-		for i := range reqs {
-			reqs[i] = httptest.NewRequest("GET", "/", nil)
-		}
+	benchPools(b, func(b *testing.B, src poolSource) {
 		b.Run("impl=stickylb", func(b *testing.B) {
 			s := &WeightedLeastConn{}
 			provision(b, s)
-			runSelect(b, s, pool, reqs)
+			runSelect(b, s, src, plainRequests(nil), false)
 		})
 		b.Run("impl=caddy", func(b *testing.B) {
-			runSelect(b, &reverseproxy.LeastConnSelection{}, pool, reqs)
+			runSelect(b, reverseproxy.LeastConnSelection{}, src, plainRequests(nil), false)
 		})
 	})
+}
+
+// BenchmarkFloor is what every arm pays outside Select: the vars map and the context, as
+// Caddy's server creates them per request.
+func BenchmarkFloor(b *testing.B) {
+	reqs := plainRequests(nil)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		q := &reqs[i&255]
+		vars := map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: q.ip}
+		r := q.r.WithContext(context.WithValue(q.r.Context(), caddyhttp.VarsCtxKey, vars))
+		if r == nil {
+			b.Fatal()
+		}
+	}
 }

@@ -102,6 +102,24 @@ func floatArg(d *caddyfile.Dispenser) (float64, error) {
 	return f, nil
 }
 
+// secretOption parses secret_file and insecure_demo_secret.
+func secretOption(d *caddyfile.Dispenser, o *SecretOptions) error {
+	switch d.Val() {
+	case "secret_file":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		o.SecretFile = v
+	case "insecure_demo_secret":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		o.InsecureDemoSecret = true
+	}
+	return nil
+}
+
 // keyedOption parses one subdirective shared by the keyed policies; handled is false
 // when the subdirective is not one of them.
 func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err error) {
@@ -135,6 +153,14 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 		o.VirtualNodes, err = uintArg(d)
 	case "max_key_length":
 		o.MaxKeyLength, err = intArg(d, 1)
+	case "bounded_load":
+		var f float64
+		if f, err = floatArg(d); err == nil {
+			if f < 1 {
+				return true, d.Errf("bounded_load: %v: the factor must be at least 1 (1.25 lets an upstream take 25%% over its share)", f)
+			}
+			o.BoundedLoad = f
+		}
 	case "fallback":
 		err = loadFallback(d, &o.FallbackRaw)
 	default:
@@ -147,7 +173,9 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 //
 //	lb_policy sticky_cookie [<name>] {
 //	    name      <cookie name>              # default lb_session
-//	    secret    <secret> [<older>...]      # required, each >= 32 bytes; first seals
+//	    secret    <secret> [<older>...]      # each >= 32 bytes; first seals; use {env.NAME}
+//	    secret_file <path>                   # or: one secret a line, first seals
+//	    insecure_demo_secret                 # no secret set: a public demo secret, with a warning
 //	    ttl       <duration>                 # default 30m, sliding
 //	    format    sealed|envoy
 //	    path      <path>
@@ -156,6 +184,7 @@ func keyedOption(d *caddyfile.Dispenser, o *KeyedOptions) (handled bool, err err
 //	    secure    auto|always|never
 //	    http_only [true|false]
 //	    same_site lax|strict|none
+//	    keep_cache_control                   # default: responses that set the cookie are private
 //	    fallback  <policy> [<args...>]       # default weighted_least_conn
 //	}
 func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -180,6 +209,8 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(s.Secrets) == 0 {
 				return d.ArgErr()
 			}
+		case "secret_file", "insecure_demo_secret":
+			err = secretOption(d, &s.SecretOptions)
 		case "ttl":
 			err = durationArg(d, &s.TTL)
 		case "format":
@@ -216,6 +247,11 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err == nil && s.SameSite != "lax" && s.SameSite != "strict" && s.SameSite != "none" {
 				return d.Errf("same_site: %q: want lax, strict or none", s.SameSite)
 			}
+		case "keep_cache_control":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.KeepCacheControl = true
 		case "fallback":
 			err = loadFallback(d, &s.FallbackRaw)
 		default:
@@ -232,8 +268,9 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //
 //	lb_policy app_cookie <name> {
 //	    mode          prefix|learn     # default prefix
-//	    secret        <secret> [<older>...]   # prefix mode: required
-//	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix
+//	    secret        <secret> [<older>...]   # prefix mode: secret, secret_file or
+//	    secret_file   <path>                  # insecure_demo_secret, as sticky_cookie
+//	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix (default 30m)
 //	    max_sessions  <n>              # learn mode
 //	    table         <name>           # learn mode: share a table between handlers
 //	    hash          maglev|ring      # learn mode: for values not in the table
@@ -265,6 +302,10 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if a.Secrets = d.RemainingArgs(); len(a.Secrets) == 0 {
 				return d.ArgErr()
 			}
+		case "secret_file", "insecure_demo_secret":
+			if err := secretOption(d, &a.SecretOptions); err != nil {
+				return err
+			}
 		default:
 			handled, err := keyedOption(d, &a.KeyedOptions)
 			if err != nil {
@@ -283,7 +324,7 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	lb_policy sticky_url {
 //	    query <name> | path_segment <n> | suffix <marker>   # exactly one
 //	    ttl / max_sessions / table / no_table / hash / table_size /
-//	    min_ring_size / max_ring_size / virtual_nodes / max_key_length / fallback
+//	    min_ring_size / max_ring_size / virtual_nodes / max_key_length / bounded_load / fallback
 //	}
 func (s *StickyURL) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
@@ -330,7 +371,7 @@ func (s *StickyURL) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //
 //	lb_policy sticky_header <name> {
 //	    ttl / max_sessions / table / no_table / hash / table_size /
-//	    min_ring_size / max_ring_size / virtual_nodes / max_key_length / fallback
+//	    min_ring_size / max_ring_size / virtual_nodes / max_key_length / bounded_load / fallback
 //	}
 func (s *StickyHeader) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
@@ -357,6 +398,7 @@ func (s *StickyHeader) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    hash maglev|ring
 //	    table_size <prime>
 //	    ttl <duration>            # keep a table too (default: hash only)
+//	    bounded_load <factor>     # Envoy's bounded load, e.g. 1.25; default off
 //	    max_sessions / table / min_ring_size / max_ring_size / virtual_nodes / fallback
 //	}
 func (s *StickyIP) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -2,10 +2,12 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -62,8 +64,8 @@ func TestAdaptDirectives(t *testing.T) {
 	}{
 		{"sticky_cookie defaults", "sticky_cookie {\n secret " + sec + "\n}",
 			`{"policy":"sticky_cookie","secrets":["` + sec + `"]}`},
-		{"sticky_cookie full", "sticky_cookie sess {\n secret {env.S} " + sec + "\n ttl 1h\n format envoy\n path /app\n domain example.com\n max_age 24h\n secure always\n http_only false\n same_site strict\n fallback round_robin\n}",
-			`{"policy":"sticky_cookie","name":"sess","secrets":["{env.S}","` + sec + `"],"ttl":3600000000000,"format":"envoy","path":"/app","domain":"example.com","max_age":86400000000000,"secure":"always","http_only":false,"same_site":"strict","fallback":{"policy":"round_robin"}}`},
+		{"sticky_cookie full", "sticky_cookie sess {\n secret {env.S} " + sec + "\n ttl 1h\n format envoy\n path /app\n domain example.com\n max_age 24h\n secure always\n http_only false\n same_site strict\n keep_cache_control\n fallback round_robin\n}",
+			`{"policy":"sticky_cookie","name":"sess","secrets":["{env.S}","` + sec + `"],"ttl":3600000000000,"format":"envoy","path":"/app","domain":"example.com","max_age":86400000000000,"secure":"always","http_only":false,"same_site":"strict","keep_cache_control":true,"fallback":{"policy":"round_robin"}}`},
 		{"sticky_cookie name in block, fallback with args", "sticky_cookie {\n name c\n secret " + sec + "\n fallback weighted_least_conn 3 1 {\n slow_start 10s\n }\n}",
 			`{"policy":"sticky_cookie","name":"c","secrets":["` + sec + `"],"fallback":{"policy":"weighted_least_conn","weights":[3,1],"slow_start":10000000000}}`},
 		{"app_cookie prefix", "app_cookie JSESSIONID {\n secret " + sec + "\n ttl 2h\n}",
@@ -76,8 +78,8 @@ func TestAdaptDirectives(t *testing.T) {
 			`{"policy":"sticky_url","path_segment":-1,"no_table":true}`},
 		{"sticky_url suffix", "sticky_url {\n suffix ;jsessionid=\n}",
 			`{"policy":"sticky_url","suffix":";jsessionid="}`},
-		{"sticky_header", "sticky_header X-Session {\n ttl 5m\n}",
-			`{"policy":"sticky_header","name":"X-Session","ttl":300000000000}`},
+		{"sticky_header", "sticky_header X-Session {\n ttl 5m\n bounded_load 1.25\n}",
+			`{"policy":"sticky_header","name":"X-Session","ttl":300000000000,"bounded_load":1.25}`},
 		{"sticky_ip", "sticky_ip {\n hash maglev\n table_size 65537\n ttl 1h\n}",
 			`{"policy":"sticky_ip","hash":"maglev","table_size":65537,"ttl":3600000000000}`},
 		{"sticky_ip bare", "sticky_ip", `{"policy":"sticky_ip"}`},
@@ -172,5 +174,33 @@ func TestAdaptHandlerDirective(t *testing.T) {
 	s := string(out)
 	if i, j := strings.Index(s, `"handler":"stickylb"`), strings.Index(s, `"handler":"reverse_proxy"`); i < 0 || j < 0 || i > j {
 		t.Fatalf("stickylb not ordered before reverse_proxy: %s", s)
+	}
+}
+
+// validateCaddyfile adapts src and provisions it as Caddy would, without serving.
+func validateCaddyfile(t *testing.T, src string) error {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return caddy.Validate(&cfg)
+}
+
+// TestSharedTableNeedsOneSetting: handlers naming one table must agree on ttl and bound.
+func TestSharedTableNeedsOneSetting(t *testing.T) {
+	site := func(port int, ttl string) string {
+		return fmt.Sprintf(":%d {\n\treverse_proxy 127.0.0.1:9001 {\n\t\tlb_policy sticky_header X-S {\n\t\t\ttable shared\n\t\t\tttl %s\n\t\t}\n\t}\n}\n", port, ttl)
+	}
+	if err := validateCaddyfile(t, site(18081, "10m")+site(18082, "10m")); err != nil {
+		t.Fatalf("one table, one ttl: %v", err)
+	}
+	err := validateCaddyfile(t, site(18081, "10m")+site(18082, "20m"))
+	if err == nil || !strings.Contains(err.Error(), "different settings") {
+		t.Fatalf("one table, two ttls: %v", err)
 	}
 }

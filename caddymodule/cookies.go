@@ -166,3 +166,30 @@ func setCookieName(line string) string {
 	}
 	return ""
 }
+
+// makePrivate rewrites h's Cache-Control so that no shared cache stores the response:
+// `public` and `s-maxage` are dropped and `private` is added unless `private` or
+// `no-store` is already there; the other directives are kept in order.
+func makePrivate(h http.Header) {
+	var kept []string
+	private := false
+	for _, line := range h.Values("Cache-Control") {
+		for _, d := range strings.Split(line, ",") {
+			d = strings.TrimSpace(d)
+			name, _, _ := strings.Cut(d, "=")
+			switch strings.ToLower(strings.TrimSpace(name)) {
+			case "":
+				continue
+			case "public", "s-maxage":
+				continue
+			case "private", "no-store":
+				private = true
+			}
+			kept = append(kept, d)
+		}
+	}
+	if !private {
+		kept = append([]string{"private"}, kept...)
+	}
+	h.Set("Cache-Control", strings.Join(kept, ", "))
+}

@@ -10,7 +10,7 @@ import (
 // pools file given no sizes serves to Envoy and gRPC, and bounds its table the same way.
 func TestDefaultsAgreeWithPoolsFile(t *testing.T) {
 	for _, name := range []string{"ring", "ring_hash"} {
-		p, err := newHashPicker(name, 0, 0, 0, 0)
+		p, err := newHashPicker(name, 0, 0, 0, 0, 0)
 		if err != nil {
 			t.Fatalf("hash %s: %v", name, err)
 		}
@@ -19,7 +19,7 @@ func TestDefaultsAgreeWithPoolsFile(t *testing.T) {
 				pools.BalanceRingHash, pools.DefaultMinRingSize, pools.DefaultMaxRingSize)
 		}
 	}
-	p, err := newHashPicker("", 0, 0, 0, 0)
+	p, err := newHashPicker("", 0, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,29 +26,45 @@ const revalidateEvery = time.Second
 // hashPicker maps a key hash to an upstream with Maglev or the ring, built over the
 // upstreams eligible for new sessions — the set Envoy builds its tables over (healthy,
 // not draining) — so a Caddy node and an Envoy node with the same upstreams agree.
+//
+// The table is keyed by identity: it holds, for each of its hosts, the identity and the
+// position it had in the pool it was built from. A pick checks that one position of the
+// request's pool, so a dynamic pool naming the same upstreams in the same order (a fresh
+// slice of fresh *Upstream values per request) uses the table as a static pool does, and
+// a table is rebuilt only when the eligible identities change.
 type hashPicker struct {
 	algo             string
 	tableSize        uint64
 	minRing, maxRing uint64
-	vnodes           uint64     // ring points per upstream; 0: minRing/maxRing size the ring
-	mu               sync.Mutex // serializes rebuilds
-	cur              atomic.Pointer[hashSnap]
-	rebuilds         atomic.Uint64
-	now              func() time.Time
+	vnodes           uint64 // ring points per upstream; 0: minRing/maxRing size the ring
+	// balance is bounded load's factor (Envoy's hash_balance_factor / 100); 0 is off.
+	balance  float64
+	mu       sync.Mutex // serializes rebuilds
+	cur      atomic.Pointer[hashSnap]
+	rebuilds atomic.Uint64
+	now      func() time.Time
+	// load is an upstream's in-flight requests, for bounded load: Caddy's own count.
+	load func(*reverseproxy.Upstream) int64
 }
+
+func inFlight(u *reverseproxy.Upstream) int64 { return int64(u.NumRequests()) }
 
 type hashSnap struct {
-	base     *(*reverseproxy.Upstream)
-	n        int
+	n        int // length of the pool it was built from
 	drainGen uint64
 	checked  atomic.Int64 // UnixNano of the last full eligibility check
-	ups      []*reverseproxy.Upstream
-	picker   chash.Picker
+	ids      []string     // the table's hosts, by identity
+	pos      []int32      // position of ids[i] in the pool the table was built from
+	index    map[string]int32
+	picker   chash.Walker
 }
 
-func newHashPicker(algo string, tableSize, minRing, maxRing, vnodes uint64) (*hashPicker, error) {
+func newHashPicker(algo string, tableSize, minRing, maxRing, vnodes uint64, balance float64) (*hashPicker, error) {
 	if c, ok := chash.ParseAlgorithm(algo); ok {
 		algo = c
+	}
+	if balance != 0 && balance < 1 {
+		return nil, fmt.Errorf("bounded_load %v: the factor must be at least 1 (1.25 lets an upstream take 25%% over its share)", balance)
 	}
 	if vnodes != 0 {
 		switch {
@@ -59,7 +75,7 @@ func newHashPicker(algo string, tableSize, minRing, maxRing, vnodes uint64) (*ha
 		case vnodes > chash.MaxRingSize:
 			return nil, fmt.Errorf("virtual_nodes %d is above %d", vnodes, chash.MaxRingSize)
 		}
-		return &hashPicker{algo: hashRing, vnodes: vnodes, now: time.Now}, nil
+		return &hashPicker{algo: hashRing, vnodes: vnodes, balance: balance, now: time.Now, load: inFlight}, nil
 	}
 	switch algo {
 	case "", hashMaglev:
@@ -83,117 +99,164 @@ func newHashPicker(algo string, tableSize, minRing, maxRing, vnodes uint64) (*ha
 	default:
 		return nil, fmt.Errorf("unknown hash %q (want %s or %s)", algo, hashMaglev, hashRing)
 	}
-	return &hashPicker{algo: algo, tableSize: tableSize, minRing: minRing, maxRing: maxRing, now: time.Now}, nil
+	return &hashPicker{algo: algo, tableSize: tableSize, minRing: minRing, maxRing: maxRing, balance: balance, now: time.Now, load: inFlight}, nil
 }
 
 // probeStep spreads the probes of a key whose hashed upstream is unusable for this request
 // over the table (a fixed odd constant, so the walk is deterministic per key).
 const probeStep = 0x9E3779B97F4A7C15
 
-// pick returns the upstream for key hash h that may take a new session and that this
-// request has not tried, or nil when none can.
-func (p *hashPicker) pick(pool reverseproxy.UpstreamPool, h uint64, t *tried) *reverseproxy.Upstream {
-	s := p.snapshot(pool)
-	if s == nil || s.picker == nil {
-		return nil
-	}
-	u := s.ups[s.picker.Pick(h)]
-	if usableForNew(u) && !t.has(u) {
-		return u
-	}
-	if !usableForNew(u) {
-		// The table is out of date: rebuild over what is eligible now, as Envoy would.
-		if s = p.rebuild(pool, s); s == nil || s.picker == nil {
-			return nil
-		}
-		u = s.ups[s.picker.Pick(h)]
-		if usableForNew(u) && !t.has(u) {
+// at returns the request's upstream of the table's host i, or nil when the pool no longer
+// holds that identity.
+func (s *hashSnap) at(pool reverseproxy.UpstreamPool, i int) *reverseproxy.Upstream {
+	if len(pool) == s.n {
+		if u := pool[s.pos[i]]; u != nil && identity(u) == s.ids[i] {
 			return u
 		}
 	}
-	// The hashed upstream is eligible but failed this request (a retry): probe onwards,
-	// deterministically per key, among the other eligible upstreams.
-	for k := uint64(1); k <= uint64(2*len(s.ups)+8); k++ {
-		u = s.ups[s.picker.Pick(h+k*probeStep)]
-		if usableForNew(u) && !t.has(u) {
-			return u
-		}
-	}
-	for _, u := range s.ups {
-		if usableForNew(u) && !t.has(u) {
+	// Reordered or resized: find the identity (O(n), no allocation).
+	for _, u := range pool {
+		if u != nil && identity(u) == s.ids[i] {
 			return u
 		}
 	}
 	return nil
 }
 
-// snapshot returns the current table, rebuilding it when the pool or the drain set changed
-// or when the periodic eligibility check finds a difference.
+// pick returns the upstream for key hash h that may take a new session and that this
+// request has not tried, or nil when none can.
+func (p *hashPicker) pick(pool reverseproxy.UpstreamPool, h uint64, t tried) *reverseproxy.Upstream {
+	s := p.snapshot(pool)
+	if s == nil || s.picker == nil {
+		return nil
+	}
+	u := s.at(pool, p.first(s, pool, h))
+	if u != nil && usableForNew(u) && !t.has(u) {
+		return u
+	}
+	if u == nil || !usableForNew(u) {
+		// The table is out of date: rebuild over what is eligible now, as Envoy would.
+		if s = p.rebuild(pool, s); s == nil || s.picker == nil {
+			return nil
+		}
+		u = s.at(pool, p.first(s, pool, h))
+		if u != nil && usableForNew(u) && !t.has(u) {
+			return u
+		}
+	}
+	// The hashed upstream is eligible but failed this request (a retry): probe onwards,
+	// deterministically per key, among the other eligible upstreams.
+	for k := uint64(1); k <= uint64(2*len(s.ids)+8); k++ {
+		u = s.at(pool, s.picker.Pick(h+k*probeStep))
+		if u != nil && usableForNew(u) && !t.has(u) {
+			return u
+		}
+	}
+	for _, u := range pool {
+		if u != nil && usableForNew(u) && !t.has(u) {
+			return u
+		}
+	}
+	return nil
+}
+
+// first is the table's host for h: its plain pick, or with bounded load the first host in
+// Envoy's probe order whose in-flight requests are within its share.
+func (p *hashPicker) first(s *hashSnap, pool reverseproxy.UpstreamPool, h uint64) int {
+	if p.balance == 0 {
+		return s.picker.Pick(h)
+	}
+	var total int64
+	for i := range s.ids {
+		if u := s.at(pool, i); u != nil {
+			total += p.load(u)
+		}
+	}
+	return chash.PickBounded(s.picker, h, p.balance, func(i int) int64 {
+		if u := s.at(pool, i); u != nil {
+			return p.load(u)
+		}
+		return 0
+	}, total)
+}
+
+// snapshot returns the current table, rebuilding it when the pool's length or the drain
+// set changed or when the periodic eligibility check finds a difference.
 func (p *hashPicker) snapshot(pool reverseproxy.UpstreamPool) *hashSnap {
 	if len(pool) == 0 {
 		return nil
 	}
 	s := p.cur.Load()
-	if s == nil || s.n != len(pool) || s.base != &pool[0] || s.drainGen != drains.generation() {
+	if s == nil || s.n != len(pool) || s.drainGen != drains.generation() {
 		return p.rebuild(pool, s)
 	}
 	now := p.now().UnixNano()
 	last := s.checked.Load()
 	if now-last >= int64(revalidateEvery) && s.checked.CompareAndSwap(last, now) {
-		if !sameEligible(pool, s.ups) {
+		if !sameEligible(pool, s) {
 			return p.rebuild(pool, s)
 		}
 	}
 	return s
 }
 
-// sameEligible reports whether the upstreams of pool eligible for new sessions are exactly
-// ups (in pool order).
-func sameEligible(pool reverseproxy.UpstreamPool, ups []*reverseproxy.Upstream) bool {
-	i := 0
+// sameEligible reports whether the upstreams of pool eligible for new sessions are, as a
+// set of identities, the table's hosts (the table does not depend on their order: hosts
+// are placed in identity order). O(n); it runs on a rebuild and once a revalidateEvery.
+func sameEligible(pool reverseproxy.UpstreamPool, s *hashSnap) bool {
+	seen := make([]bool, len(s.ids))
 	for _, u := range pool {
 		if u == nil || !usableForNew(u) {
 			continue
 		}
-		if i >= len(ups) || ups[i] != u {
+		i, ok := s.index[identity(u)]
+		if !ok {
 			return false
 		}
-		i++
+		seen[i] = true
 	}
-	return i == len(ups)
+	for _, ok := range seen {
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // rebuild builds a table over the eligible upstreams of pool, unless another goroutine
-// already replaced old. With no eligible upstream the snapshot has no picker (and is kept
-// until one turns eligible, so an outage does not rebuild on every request).
+// already replaced old with one that fits. With no eligible upstream the snapshot has no
+// picker (and is kept until one turns eligible, so an outage does not rebuild on every
+// request).
 func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *hashSnap {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cur := p.cur.Load(); cur != old && cur != nil && cur.n == len(pool) && cur.base == &pool[0] &&
-		cur.drainGen == drains.generation() && sameEligible(pool, cur.ups) {
+	if cur := p.cur.Load(); cur != old && cur != nil && cur.n == len(pool) &&
+		cur.drainGen == drains.generation() && sameEligible(pool, cur) {
 		return cur
 	}
 	gen := drains.generation()
-	var ups []*reverseproxy.Upstream
-	seen := make(map[string]bool, len(pool))
-	for _, u := range pool {
-		if u == nil || !usableForNew(u) || seen[identity(u)] {
+	s := &hashSnap{n: len(pool), drainGen: gen, index: make(map[string]int32, len(pool))}
+	for j, u := range pool {
+		if u == nil || !usableForNew(u) {
 			continue
 		}
-		seen[identity(u)] = true
-		ups = append(ups, u)
+		id := identity(u)
+		if _, dup := s.index[id]; dup {
+			continue
+		}
+		s.index[id] = int32(len(s.ids))
+		s.ids = append(s.ids, id)
+		s.pos = append(s.pos, int32(j))
 	}
-	if len(ups) == 0 {
-		s := &hashSnap{base: &pool[0], n: len(pool), drainGen: gen}
+	if len(s.ids) == 0 {
 		s.checked.Store(p.now().UnixNano())
 		p.cur.Store(s)
 		return s
 	}
-	hosts := make([]chash.Host, len(ups))
-	for i, u := range ups {
-		hosts[i] = chash.Host{ID: identity(u), Weight: 1}
+	hosts := make([]chash.Host, len(s.ids))
+	for i, id := range s.ids {
+		hosts[i] = chash.Host{ID: id, Weight: 1}
 	}
-	var picker chash.Picker
 	var err error
 	switch p.algo {
 	case hashRing:
@@ -201,26 +264,25 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 		case p.vnodes != 0 && p.vnodes*uint64(len(hosts)) <= chash.MaxRingSize:
 			// Upstreams weigh 1 each, so every one gets vnodes points: the ring the xDS
 			// server's sizes give Envoy and gRPC over the same healthy backends.
-			picker, err = chash.NewVirtualNodesRing(hosts, p.vnodes, 1)
+			s.picker, err = chash.NewVirtualNodesRing(hosts, p.vnodes, 1)
 		case p.vnodes != 0:
 			// Past Envoy's largest ring (which a pools file refuses): the largest ring.
-			picker, err = chash.NewRing(hosts, chash.MaxRingSize, chash.MaxRingSize)
+			s.picker, err = chash.NewRing(hosts, chash.MaxRingSize, chash.MaxRingSize)
 		default:
-			picker, err = chash.NewRing(hosts, p.minRing, p.maxRing)
+			s.picker, err = chash.NewRing(hosts, p.minRing, p.maxRing)
 		}
 	default:
 		size := p.tableSize
 		for uint64(len(hosts)) > size { // more upstreams than slots: grow to the next prime
 			size = nextPrime(size * 2)
 		}
-		picker, err = chash.NewMaglev(hosts, size)
+		s.picker, err = chash.NewMaglev(hosts, size)
 	}
 	if err != nil {
 		// Hosts are deduplicated and weighted 1 and sizes were validated at provision,
 		// so this cannot happen; keep the previous table rather than fail requests.
 		return old
 	}
-	s := &hashSnap{base: &pool[0], n: len(pool), drainGen: gen, ups: ups, picker: picker}
 	s.checked.Store(p.now().UnixNano())
 	p.cur.Store(s)
 	p.rebuilds.Add(1)

@@ -41,6 +41,7 @@ const hookVarKey = "stickylb.hook"
 type responseHook struct {
 	r    *http.Request
 	fns  []hookFn
+	buf  [2]hookFn // fns' first entries: one policy per request is the rule
 	done bool
 }
 
@@ -79,6 +80,7 @@ func hookFor(r *http.Request) *responseHook {
 // ServeHTTP wraps the response writer so the hook runs before the headers go out.
 func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	hk := &responseHook{r: r}
+	hk.fns = hk.buf[:0]
 	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
 	return next.ServeHTTP(&hookWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, hook: hk}, r)
 }

@@ -30,8 +30,10 @@ type KeyedOptions struct {
 	// MaxSessions bounds the table; past it, expired sessions are swept and then the ones
 	// closest to expiry evicted. Default 100000.
 	MaxSessions int `json:"max_sessions,omitempty"`
-	// Table names the session table; handlers naming the same table share it, and it
-	// survives reloads. Default: derived from the policy and its key.
+	// Table names the session table; handlers naming the same table share it (they must
+	// agree on ttl and max_sessions), and it survives reloads. Default: one table per
+	// handler, named after the policy's key and the handler's site (listen addresses and
+	// route matchers), so it survives reloads that keep the site.
 	Table string `json:"table,omitempty"`
 	// NoTable turns the table off: the key's consistent hash alone decides (as Envoy).
 	NoTable bool `json:"no_table,omitempty"`
@@ -46,6 +48,11 @@ type KeyedOptions struct {
 	// MinRingSize and MaxRingSize): the ring then grows with the upstreams, so adding or losing
 	// one moves only its own keys. The pools file's hash.virtual_nodes, on the same ring.
 	VirtualNodes uint64 `json:"virtual_nodes,omitempty"`
+	// BoundedLoad turns on Envoy's bounded load (hash_balance_factor, as a factor: 1.25
+	// is Envoy's 125): a key whose hashed upstream has more than its share of in-flight
+	// requests times the factor goes to the next upstream in Envoy's probe order. It trades
+	// agreement between nodes for balance, so it is off (0) by default; at least 1 when set.
+	BoundedLoad float64 `json:"bounded_load,omitempty"`
 	// MaxKeyLength: keys longer than this are kept in the table by a digest. Default 256.
 	MaxKeyLength int `json:"max_key_length,omitempty"`
 	// FallbackRaw picks the upstream of a request that carries no key. Default
@@ -65,25 +72,34 @@ func (o *KeyedOptions) maxKeyLength() int {
 type keyedCore struct {
 	table    *sharedTable
 	tableKey string
+	owner    any // the config the table was acquired for
 	hasher   *hashPicker
 	fallback reverseproxy.Selector
 	index    upstreamIndex
 	stats    *scopeStats
 	scope    string
+	// learnOnly: keys enter the table only through learn (the upstream issued them), never
+	// because a client sent them; a client's unknown key is hashed and not stored, so a
+	// flood of invented keys cannot evict real sessions (app_cookie learn mode).
+	learnOnly bool
 }
 
 // provision sets up the core. module is the policy whose embedded KeyedOptions is o (for
-// LoadModule of its FallbackRaw), defaultTable the table name used when none is configured,
-// useTable whether the policy keeps a session table.
-func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, defaultTable string, useTable bool) error {
+// LoadModule of its FallbackRaw), key what the policy keys on (e.g. app_cookie:JSESSIONID:
+// the default table name derives from it and from the handler's place in the config, see
+// defaultTableName), useTable whether the policy keeps a session table.
+func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, policy, key string, useTable bool) error {
 	var err error
-	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize, o.VirtualNodes); err != nil {
+	if k.hasher, err = newHashPicker(o.Hash, o.TableSize, o.MinRingSize, o.MaxRingSize, o.VirtualNodes, o.BoundedLoad); err != nil {
 		return fmt.Errorf("%s: %w", policy, err)
 	}
 	o.MaxKeyLength = o.maxKeyLength()
 	name := o.Table
 	if name == "" {
-		name = defaultTable
+		name = key
+		if useTable {
+			name = defaultTableName(ctx, key)
+		}
 	}
 	k.scope = name
 	if useTable {
@@ -94,7 +110,8 @@ func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, po
 		if cfg.MaxEntries == 0 {
 			cfg.MaxEntries = defaultMaxSessions
 		}
-		if k.table, err = acquireTable(name, policy, cfg); err != nil {
+		k.owner = configOwner(ctx)
+		if k.table, err = acquireTable(name, policy, k.owner, cfg); err != nil {
 			return fmt.Errorf("%s: %w", policy, err)
 		}
 		k.tableKey = name
@@ -120,6 +137,9 @@ func (o *KeyedOptions) validate(policy string) error {
 	if o.MaxSessions < 0 {
 		return fmt.Errorf("%s: max_sessions must not be negative", policy)
 	}
+	if o.BoundedLoad != 0 && o.BoundedLoad < 1 {
+		return fmt.Errorf("%s: bounded_load must be at least 1", policy)
+	}
 	if o.MaxKeyLength < 0 {
 		return fmt.Errorf("%s: max_key_length must not be negative", policy)
 	}
@@ -132,7 +152,7 @@ func (o *KeyedOptions) validate(policy string) error {
 // cleanup releases shared state.
 func (k *keyedCore) cleanup() {
 	if k.table != nil {
-		releaseTable(k.tableKey)
+		releaseTable(k.table, k.tableKey, k.owner)
 	}
 	if k.stats != nil {
 		releaseScope(k.scope)
@@ -164,11 +184,20 @@ func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, k
 	} else {
 		k.stats.misses.Add(1)
 	}
-	if k.table != nil {
+	// A re-pin moves a key the table holds; a new key is stored unless only the upstream
+	// may add keys.
+	if k.table != nil && (!k.learnOnly || reason != "") {
 		k.table.Put(key.TableKey, identity(u))
 	}
 	recordPick(r, u)
 	return u
+}
+
+// learn maps key to u because the upstream issued it.
+func (k *keyedCore) learn(key keys.Key, u *reverseproxy.Upstream) {
+	if k.table != nil {
+		k.table.Put(key.TableKey, identity(u))
+	}
 }
 
 // selectExtracted picks by the key e extracts from r, or as for a request without one.

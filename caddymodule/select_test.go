@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/cookie"
@@ -64,7 +68,7 @@ func setCookieValue(t testing.TB, w *httptest.ResponseRecorder, name string) str
 }
 
 func TestStickyCookieRoundTrip(t *testing.T) {
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	pool := testPool(3)
 	w := httptest.NewRecorder()
@@ -94,7 +98,7 @@ func TestStickyCookieRoundTrip(t *testing.T) {
 }
 
 func TestStickyCookieRepins(t *testing.T) {
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	clock := time.Unix(2_000_000_000, 0)
 	s.now = func() time.Time { return clock }
@@ -154,7 +158,7 @@ func TestStickyCookieRepins(t *testing.T) {
 }
 
 func TestStickyCookieRetryAndDrain(t *testing.T) {
-	s := &StickyCookie{Secrets: []string{testSecret}}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, s)
 	pool := testPool(3)
 	codec, _ := cookie.NewCodec([]byte(testSecret))
@@ -209,7 +213,7 @@ func TestStickyCookieEnvoyFormat(t *testing.T) {
 
 func TestStickyCookieNeedsSecret(t *testing.T) {
 	for _, secrets := range [][]string{nil, {"short"}, {testSecret, "short"}, {"{env.STICKYLB_TEST_UNSET}"}} {
-		s := &StickyCookie{Secrets: secrets}
+		s := &StickyCookie{SecretOptions: SecretOptions{Secrets: secrets}}
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := s.Provision(ctx)
 		cancel()
@@ -273,7 +277,7 @@ func TestStickyHeaderTableAndFallback(t *testing.T) {
 }
 
 func TestAppCookiePrefixRewrite(t *testing.T) {
-	a := &AppCookie{Name: "JSESSIONID", Secrets: []string{testSecret}}
+	a := &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
 	provision(t, a)
 	pool := testPool(3)
 	// First request: no cookie; the upstream sets one; the client sees it prefixed.
@@ -376,5 +380,217 @@ func TestWeightedLeastConnSlowStart(t *testing.T) {
 			t.Fatalf("at %s the joining upstream took %.3f, want %.3f", at, got, want)
 		}
 		prev = got
+	}
+}
+
+// TestStickyCookieEnvoyExpiry: an Envoy cookie's wall-clock expiry is enforced; an expiry
+// that cannot be wall-clock time (before 2001: older Envoys wrote a monotonic clock) or none
+// at all pins, and the cookie is re-issued with a real expiry.
+func TestStickyCookieEnvoyExpiry(t *testing.T) {
+	s := &StickyCookie{Format: formatEnvoy, TTL: caddy.Duration(time.Hour)}
+	provision(t, s)
+	clock := time.Unix(2_000_000_000, 0)
+	s.now = func() time.Time { return clock }
+	pool := testPool(3)
+	try := func(v string) (*reverseproxy.Upstream, string) {
+		r := request("/")
+		r.Header.Set("Cookie", "lb_session="+v)
+		w := httptest.NewRecorder()
+		return s.Select(pool, r, w), setCookieValue(t, w, "lb_session")
+	}
+	// Expired a minute ago: a new session (the fallback may pick anything; the fresh cookie
+	// must carry a future expiry).
+	u, fresh := try(cookie.EncodeEnvoy(pool[1].Dial, clock.Add(-time.Minute)))
+	if fresh == "" {
+		t.Fatalf("an expired Envoy cookie still pinned %s without a new cookie", u.Dial)
+	}
+	if _, exp, _ := cookie.DecodeEnvoy(fresh); !exp.Equal(clock.Add(time.Hour)) {
+		t.Fatalf("re-issued cookie expires at %v", exp)
+	}
+	if got := s.stats.repins.snapshot(nil)[reasonExpired]; got != 1 {
+		t.Fatalf("expired re-pins %d", got)
+	}
+	// Valid for most of the ttl: a hit, nothing re-set.
+	if u, fresh := try(cookie.EncodeEnvoy(pool[1].Dial, clock.Add(50*time.Minute))); u != pool[1] || fresh != "" {
+		t.Fatalf("valid Envoy cookie: %v, re-set %q", u, fresh)
+	}
+	// A monotonic-clock expiry (12,345 s after boot) and no expiry: kept, re-issued.
+	for _, v := range []string{cookie.EncodeEnvoy(pool[2].Dial, time.Unix(12345, 0)), base64.StdEncoding.EncodeToString([]byte(pool[2].Dial))} {
+		u, fresh := try(v)
+		if u != pool[2] {
+			t.Fatalf("cookie without a wall-clock expiry did not pin: %v", u)
+		}
+		addr, exp, err := cookie.DecodeEnvoy(fresh)
+		if err != nil || addr != pool[2].Dial || !exp.Equal(clock.Add(time.Hour)) {
+			t.Fatalf("re-issued %q %v %v", addr, exp, err)
+		}
+	}
+}
+
+// TestAppCookieLearnCapsKeys: values over 8 KiB are neither learned nor hashed as keys.
+func TestAppCookieLearnCapsKeys(t *testing.T) {
+	a := &AppCookie{Name: "SID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: t.Name()}}
+	provision(t, a)
+	pool := testPool(3)
+	huge := strings.Repeat("v", 8<<10+1)
+	r := request("/")
+	hk := &responseHook{r: r}
+	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	a.Select(pool, r, httptest.NewRecorder())
+	hk.run(http.Header{"Set-Cookie": {"SID=" + huge + "; Path=/"}})
+	r = request("/")
+	r.Header.Set("Cookie", "SID="+huge)
+	if a.Select(pool, r, httptest.NewRecorder()) == nil || a.core.table.Len() != 0 {
+		t.Fatalf("a %d-byte value was kept: table holds %d", len(huge), a.core.table.Len())
+	}
+}
+
+// TestAppCookiePrefixExpirySlides: a prefix lives for the policy's ttl (default 30m) from the
+// upstream's last Set-Cookie of the cookie, not ten years.
+func TestAppCookiePrefixExpirySlides(t *testing.T) {
+	a := &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
+	provision(t, a)
+	clock := time.Unix(2_000_000_000, 0)
+	a.now = func() time.Time { return clock }
+	pool := testPool(3)
+	// visit sends value (if any), lets the upstream set setValue (if any), and returns the
+	// upstream and the client's new cookie value.
+	visit := func(value, setValue string) (*reverseproxy.Upstream, string) {
+		r := request("/")
+		if value != "" {
+			r.Header.Set("Cookie", "JSESSIONID="+value)
+		}
+		hk := &responseHook{r: r}
+		caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+		u := a.Select(pool, r, httptest.NewRecorder())
+		h := http.Header{}
+		if setValue != "" {
+			h.Set("Set-Cookie", "JSESSIONID="+setValue+"; Path=/")
+		}
+		hk.run(h)
+		v, _ := splitSetCookie(h.Get("Set-Cookie"))
+		return u, v
+	}
+	u, v := visit("", "app-1")
+	clock = clock.Add(20 * time.Minute)
+	if got, _ := visit(v, ""); got != u {
+		t.Fatalf("prefix not honoured within its ttl: %v, pinned to %v", got, u)
+	}
+	// The upstream sets the cookie again at 20 minutes: the prefix now lives to 50.
+	_, v2 := visit(v, "app-1")
+	clock = clock.Add(25 * time.Minute)
+	if got, _ := visit(v2, ""); got != u {
+		t.Fatalf("re-set prefix not honoured at 45 minutes: %v", got)
+	}
+	before := a.core.stats.repins.snapshot(nil)[reasonExpired]
+	visit(v, "")
+	if after := a.core.stats.repins.snapshot(nil)[reasonExpired]; after != before+1 {
+		t.Fatalf("a prefix sealed 45 minutes ago was honoured (expired re-pins %d -> %d)", before, after)
+	}
+}
+
+// TestStickyCookieCacheControl: a response that sets the LB cookie must not be stored by
+// a shared cache (it would hand one client's pin to others).
+func TestStickyCookieCacheControl(t *testing.T) {
+	pool := testPool(3)
+	respond := func(s *StickyCookie, cookieValue string, upstream []string, withHook bool) http.Header {
+		r := request("/")
+		if cookieValue != "" {
+			r.Header.Set("Cookie", "lb_session="+cookieValue)
+		}
+		hk := &responseHook{r: r}
+		if withHook {
+			caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+		}
+		w := httptest.NewRecorder()
+		s.Select(pool, r, w)
+		h := w.Header()
+		for _, v := range upstream { // as Caddy copies the upstream's headers: added
+			h.Add("Cache-Control", v)
+		}
+		hk.run(h)
+		return h
+	}
+	s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
+	provision(t, s)
+	cases := []struct {
+		upstream []string
+		want     string
+	}{
+		{nil, "private"},
+		{[]string{"public, max-age=60, s-maxage=600"}, "private, max-age=60"},
+		{[]string{"max-age=60", "Public"}, "private, max-age=60"},
+		{[]string{"no-store"}, "no-store"},
+		{[]string{"private, max-age=5"}, "private, max-age=5"},
+	}
+	for _, tc := range cases {
+		h := respond(s, "", tc.upstream, true)
+		if got := strings.Join(h.Values("Cache-Control"), ", "); got != tc.want {
+			t.Errorf("upstream %q: Cache-Control %q, want %q", tc.upstream, got, tc.want)
+		}
+	}
+	// A hit sets no cookie and leaves the upstream's caching alone.
+	w := httptest.NewRecorder()
+	s.Select(pool, request("/"), w)
+	v := setCookieValue(t, w, "lb_session")
+	if h := respond(s, v, []string{"public, max-age=60"}, true); h.Get("Set-Cookie") != "" || h.Get("Cache-Control") != "public, max-age=60" {
+		t.Errorf("hit: %q", h)
+	}
+	// Without the stickylb handler the response still says private (first).
+	if h := respond(s, "", []string{"max-age=60"}, false); h.Values("Cache-Control")[0] != "private" {
+		t.Errorf("without the handler: %q", h.Values("Cache-Control"))
+	}
+	// Configurable off.
+	k := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}, KeepCacheControl: true}
+	provision(t, k)
+	if h := respond(k, "", []string{"public"}, true); h.Get("Cache-Control") != "public" {
+		t.Errorf("keep_cache_control: %q", h.Values("Cache-Control"))
+	}
+}
+
+// TestSecretSources: secrets from a file (first seals, all open), from the environment at
+// provision, and the demo fallback, which warns.
+func TestSecretSources(t *testing.T) {
+	old, cur := "an-older-secret-0123456789abcdef-old", "the-current-secret-0123456789abcdef"
+	oldCodec, _ := cookie.NewCodec([]byte(old))
+	clock := time.Unix(2_000_000_000, 0)
+	oldV, _ := oldCodec.Seal(cookie.Payload{Backend: "10.0.0.1:80", Issued: clock, Expires: clock.Add(time.Hour)}, "lb_session")
+	path := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(path, []byte("# rotated 2026-12\n"+cur+"\n\n"+old+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	c, err := (&SecretOptions{SecretFile: path}).codec(zap.New(core), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := c.Open(oldV, "lb_session", clock); err != nil || p.Backend != "10.0.0.1:80" {
+		t.Fatalf("a cookie of the older secret: %v %v", p, err)
+	}
+	v, _ := c.Seal(cookie.Payload{Backend: "10.0.0.2:80", Issued: clock, Expires: clock.Add(time.Hour)}, "lb_session")
+	curCodec, _ := cookie.NewCodec([]byte(cur))
+	if _, err := curCodec.Open(v, "lb_session", clock); err != nil {
+		t.Fatalf("the first line does not seal: %v", err)
+	}
+	t.Setenv("STICKYLB_TEST_SECRET", cur)
+	if _, err := (&SecretOptions{Secrets: []string{"{env.STICKYLB_TEST_SECRET}"}}).codec(zap.New(core), "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []SecretOptions{{SecretFile: path, Secrets: []string{cur}}, {SecretFile: path + ".missing"}, {Secrets: []string{"{env.STICKYLB_TEST_UNSET}"}}} {
+		if _, err := bad.codec(zap.New(core), "test"); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("warnings without the demo secret: %v", logs.All())
+	}
+	demo := SecretOptions{Secrets: []string{"{env.STICKYLB_TEST_UNSET}"}, InsecureDemoSecret: true}
+	if _, err := demo.codec(zap.New(core), "test"); err != nil || logs.FilterMessageSnippet("public demo secret").Len() != 1 {
+		t.Fatalf("demo fallback: %v, logs %v", err, logs.All())
+	}
+	// With the variable set the demo flag changes nothing, and says nothing.
+	demo.Secrets = []string{"{env.STICKYLB_TEST_SECRET}"}
+	if c, err := demo.codec(zap.New(core), "test"); err != nil || logs.Len() != 1 {
+		t.Fatalf("demo flag with a secret: %v %v", c, err)
 	}
 }

@@ -31,36 +31,72 @@ type sharedTable struct {
 	*sessions.Table
 	// policy names the module that created the table, for the admin API.
 	policy string
+
+	mu sync.Mutex
+	// users holds, per config (see configOwner), the ttl and bound its handlers asked
+	// for and how many of them did: handlers of one config must agree, while a reload's
+	// new config may change both (it reconfigures the table its predecessor still uses).
+	users map[any]*tableUser
+}
+
+type tableUser struct {
+	cfg  sessions.Config
+	refs int
 }
 
 // Destruct implements caddy.Destructor; a table nobody uses is simply dropped.
 func (*sharedTable) Destruct() error { return nil }
 
-// acquireTable returns the named table, creating it or applying cfg to the existing one
-// (a reload may change ttl or max_sessions). The caller must releaseTable in Cleanup.
-func acquireTable(name, policy string, cfg sessions.Config) (*sharedTable, error) {
+// acquireTable returns the named table for a handler of the config owner, creating it or
+// applying cfg to the existing one (a reload may change ttl or max_sessions). Handlers of
+// one config that name one table with a different ttl or max_sessions are a config error.
+// The caller must releaseTable in Cleanup.
+func acquireTable(name, policy string, owner any, cfg sessions.Config) (*sharedTable, error) {
 	v, loaded, err := tablePool.LoadOrNew(name, func() (caddy.Destructor, error) {
 		t, err := sessions.New(name, cfg)
 		if err != nil {
 			return nil, err
 		}
-		return &sharedTable{Table: t, policy: policy}, nil
+		return &sharedTable{Table: t, policy: policy, users: map[any]*tableUser{}}, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("session table %q: %w", name, err)
 	}
 	st := v.(*sharedTable)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if u := st.users[owner]; u != nil && owner != nil {
+		if u.cfg.TTL != cfg.TTL || u.cfg.MaxEntries != cfg.MaxEntries {
+			_, _ = tablePool.Delete(name)
+			return nil, fmt.Errorf("session table %q is shared by handlers with different settings (ttl %s and %s, max_sessions %d and %d): give them the same ttl and max_sessions, or different tables",
+				name, u.cfg.TTL, cfg.TTL, u.cfg.MaxEntries, cfg.MaxEntries)
+		}
+		u.refs++
+		return st, nil
+	}
 	if loaded {
 		if err := st.Reconfigure(cfg); err != nil {
 			_, _ = tablePool.Delete(name)
 			return nil, fmt.Errorf("session table %q: %w", name, err)
 		}
 	}
+	if owner != nil {
+		st.users[owner] = &tableUser{cfg: cfg, refs: 1}
+	}
 	return st, nil
 }
 
-// releaseTable drops one reference taken by acquireTable.
-func releaseTable(name string) {
+// releaseTable drops one reference to st (named name) taken by acquireTable for owner.
+func releaseTable(st *sharedTable, name string, owner any) {
+	if owner != nil {
+		st.mu.Lock()
+		if u := st.users[owner]; u != nil {
+			if u.refs--; u.refs <= 0 {
+				delete(st.users, owner)
+			}
+		}
+		st.mu.Unlock()
+	}
 	_, _ = tablePool.Delete(name)
 }
 

@@ -40,9 +40,8 @@ const (
 type StickyCookie struct {
 	// Name of the cookie. Default: lb_session.
 	Name string `json:"name,omitempty"`
-	// Secrets seal and open the cookie: the first seals, every one opens (rotation). Each at
-	// least 32 bytes; placeholders such as {env.STICKYLB_SECRET} are replaced at provision.
-	Secrets []string `json:"secrets,omitempty"`
+	// SecretOptions seal and open the cookie (format sealed).
+	SecretOptions
 	// TTL is the session lifetime without requests. Default: 30m.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 	// Format is sealed (default) or envoy (Envoy's stateful-session cookie: base64 of the
@@ -61,6 +60,11 @@ type StickyCookie struct {
 	HTTPOnly *bool `json:"http_only,omitempty"`
 	// SameSite is lax, strict or none; default: None when Secure, else Lax (as Caddy).
 	SameSite string `json:"same_site,omitempty"`
+	// KeepCacheControl leaves Cache-Control as the upstream sent it on responses that set
+	// the cookie. By default such a response is made private (HAProxy's nocache): `private`
+	// is added unless `private` or `no-store` is there, and `public` and `s-maxage` are
+	// dropped, so no shared cache hands one client's pin to another.
+	KeepCacheControl bool `json:"keep_cache_control,omitempty"`
 	// FallbackRaw picks the upstream of a new session. Default: weighted_least_conn.
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
@@ -68,6 +72,7 @@ type StickyCookie struct {
 	codec    *cookie.Codec
 	attrs    cookieAttrs
 	ttl      time.Duration
+	opened   *openCache
 	index    upstreamIndex
 	stats    *scopeStats
 	scope    string
@@ -112,7 +117,7 @@ func (s *StickyCookie) Provision(ctx caddy.Context) error {
 		s.attrs.Path = "/"
 	}
 	if s.Format == formatSealed {
-		codec, err := newCodec(s.Secrets)
+		codec, err := s.SecretOptions.codec(s.logger, "sticky_cookie "+s.Name)
 		if err != nil {
 			return fmt.Errorf("sticky_cookie %s: %w", s.Name, err)
 		}
@@ -126,35 +131,11 @@ func (s *StickyCookie) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("sticky_cookie %s: loading fallback selection policy: %w", s.Name, err)
 	}
 	s.fallback = mod.(reverseproxy.Selector)
+	s.opened = newOpenCache()
 	s.scope = "sticky_cookie:" + s.Name
 	s.stats = acquireScope(s.scope)
 	registerMetrics(ctx)
 	return nil
-}
-
-// newCodec builds a cookie codec from configured secrets, replacing global placeholders
-// ({env.X}, {file.X}) as Caddy modules do at provision.
-func newCodec(secrets []string) (*cookie.Codec, error) {
-	if len(secrets) == 0 {
-		return nil, errors.New("no secret: set `secret` (at least 32 bytes), e.g. secret {env.STICKYLB_SECRET}")
-	}
-	repl := caddy.NewReplacer()
-	keys := make([][]byte, 0, len(secrets))
-	for i, sec := range secrets {
-		v := repl.ReplaceKnown(sec, "")
-		if len(v) < cookie.MinSecretLen {
-			what := "secret"
-			if i > 0 {
-				what = fmt.Sprintf("older secret #%d", i)
-			}
-			if v == "" {
-				return nil, fmt.Errorf("%s %q is empty (an unset environment variable?); it must be at least %d bytes", what, sec, cookie.MinSecretLen)
-			}
-			return nil, fmt.Errorf("%s is %d bytes; it must be at least %d", what, len(v), cookie.MinSecretLen)
-		}
-		keys = append(keys, []byte(v))
-	}
-	return cookie.NewCodec(keys...)
 }
 
 // Validate checks the configuration.
@@ -208,7 +189,9 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 			var u *reverseproxy.Upstream
 			if u, reason = checkPin(&s.index, pool, id, t); u != nil {
 				s.stats.hits.Add(1)
-				if s.Format == formatSealed && expires.Sub(now) < s.ttl/2 {
+				// Slide the expiry when half the ttl is gone; an Envoy cookie without a
+				// wall-clock expiry gets one.
+				if expires.IsZero() || expires.Sub(now) < s.ttl/2 {
 					s.setCookie(r, w, u, now)
 				}
 				recordPick(r, u)
@@ -230,13 +213,35 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 	return u
 }
 
-// open returns the identity and expiry a cookie value carries.
+// open returns the identity and expiry a cookie value carries. Values opened before are
+// answered from the cache (see openCache), their expiry checked here as the codec would.
 func (s *StickyCookie) open(v string, now time.Time) (string, time.Time, error) {
+	if e := s.opened.get(v); e != nil {
+		if !e.expires.IsZero() && !now.Before(e.expires) {
+			return "", time.Time{}, fmt.Errorf("%w at %s", cookie.ErrExpired, e.expires.UTC().Format(time.RFC3339))
+		}
+		return e.backend, e.expires, nil
+	}
+	id, exp, err := s.openValue(v, now)
+	if err == nil {
+		s.opened.put(v, id, exp)
+	}
+	return id, exp, err
+}
+
+// openValue opens v with the codec (or decodes Envoy's cookie).
+func (s *StickyCookie) openValue(v string, now time.Time) (string, time.Time, error) {
 	if s.Format == formatEnvoy {
-		// Envoy's expiry is advisory (it has written it from a monotonic clock): the
-		// cookie's own lifetime in the browser bounds the session instead.
-		addr, _, err := cookie.DecodeEnvoy(v)
-		return addr, time.Time{}, err
+		// Enforced as current Envoys enforce it; none (or a monotonic one, which
+		// DecodeEnvoy drops) means no expiry, and Select re-issues the cookie with one.
+		addr, exp, err := cookie.DecodeEnvoy(v)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if !exp.IsZero() && !now.Before(exp) {
+			return "", time.Time{}, fmt.Errorf("%w at %s", cookie.ErrExpired, exp.UTC().Format(time.RFC3339))
+		}
+		return addr, exp, nil
 	}
 	p, err := s.codec.Open(v, s.Name, now)
 	if err != nil {
@@ -261,6 +266,25 @@ func (s *StickyCookie) setCookie(r *http.Request, w http.ResponseWriter, u *reve
 		value = v
 	}
 	setResponseCookie(w, s.attrs.cookie(r, s.Name, value))
+	if !s.KeepCacheControl {
+		if hk := hookFor(r); hk != nil {
+			hk.onResponse(s, s.privateIfCookie)
+		} else {
+			// Without the stickylb handler the upstream's Cache-Control lines are added
+			// after this one; private comes first, but public or s-maxage may remain.
+			w.Header().Set("Cache-Control", "private")
+		}
+	}
+}
+
+// privateIfCookie makes a response that sets the cookie private (see KeepCacheControl).
+func (s *StickyCookie) privateIfCookie(_ *http.Request, h http.Header) {
+	for _, line := range h["Set-Cookie"] {
+		if setCookieName(line) == s.Name {
+			makePrivate(h)
+			return
+		}
+	}
 }
 
 // Interface guards

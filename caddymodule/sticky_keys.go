@@ -185,7 +185,14 @@ func clientIP(r *http.Request) string {
 	if err != nil {
 		return ""
 	}
-	return a.Unmap().WithZone("").String()
+	// Caddy's text is usually the canonical form already: use it as is, without
+	// allocating a copy on every request.
+	a = a.Unmap().WithZone("")
+	var buf [64]byte
+	if b := a.AppendTo(buf[:0]); string(b) == s {
+		return s
+	}
+	return a.String()
 }
 
 // Interface guards

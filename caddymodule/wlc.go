@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -39,7 +40,11 @@ type WeightedLeastConn struct {
 	// Default: one store per distinct configuration.
 	Clocks string `json:"clocks,omitempty"`
 
-	lc       balance.LeastConn
+	// mu guards the scan's scratch and the tie-break credits, by pool position.
+	mu       sync.Mutex
+	load     []float64 // per position: in-flight / weight, or -1 when not eligible
+	weights  []float64 // per position: the weight the scan used
+	credit   []float64 // smooth weighted round robin among ties (nginx's), per position
 	ss       balance.SlowStart
 	clocks   *clockStore
 	clockKey string
@@ -132,39 +137,75 @@ func (p *WeightedLeastConn) weight(i int, u *reverseproxy.Upstream) float64 {
 	return 1
 }
 
-// Select returns the eligible upstream with the least in-flight requests per weight.
+// Select returns the eligible upstream with the least in-flight requests per weight. Ties,
+// the rule at light load, go to nginx's smooth weighted round robin, so every weight holds
+// and no upstream is favoured by its position. The scan is written out here rather than
+// through a per-candidate callback: it runs over the whole pool on every new session, so
+// its cost per upstream is what makes it as cheap as Caddy's least_conn (which breaks ties
+// with a random draw per tied upstream).
 func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
 	t := triedFor(r)
 	var now time.Time
 	if p.clocks != nil {
 		now = p.now()
 	}
-	i := p.lc.Pick(len(pool), func(i int) balance.Candidate {
-		u := pool[i]
-		if u == nil {
-			return balance.Candidate{}
+	uniform := len(p.Weights) == 0 && len(p.WeightsByAddress) == 0 && p.clocks == nil
+	n := len(pool)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.credit) != n {
+		// The pool changed shape: restart the tie order.
+		p.credit, p.load, p.weights = make([]float64, n), make([]float64, n), make([]float64, n)
+	}
+	best := math.Inf(1)
+	for i, u := range pool {
+		p.load[i] = -1
+		if u == nil || !usableForNew(u) || (!t.empty() && t.has(u)) {
+			continue
 		}
-		w := p.weight(i, u)
-		if p.clocks != nil {
-			since := p.clocks.observe(identity(u), u.Healthy(), now)
-			w = p.ss.Weight(w, since, now)
-			if w > 0 {
-				p.clocks.record(identity(u), w/p.weight(i, u))
+		w := 1.0
+		if !uniform {
+			base := p.weight(i, u)
+			w = base
+			if p.clocks != nil {
+				since := p.clocks.observe(identity(u), u.Healthy(), now)
+				w = p.ss.Weight(base, since, now)
+				if w > 0 {
+					p.clocks.record(identity(u), w/base)
+				}
+			}
+			if w <= 0 {
+				continue
 			}
 		}
-		return balance.Candidate{
-			Active:   int64(u.NumRequests()),
-			Weight:   w,
-			Eligible: usableForNew(u) && !t.has(u),
+		l := float64(u.NumRequests()) / w
+		p.load[i], p.weights[i] = l, w
+		if l < best {
+			best = l
 		}
-	})
-	if i < 0 {
+	}
+	if math.IsInf(best, 1) {
 		return nil
 	}
+	pick, total := -1, 0.0
+	for i, l := range p.load {
+		if l != best {
+			continue
+		}
+		p.credit[i] += p.weights[i]
+		total += p.weights[i]
+		if pick < 0 || p.credit[i] > p.credit[pick] {
+			pick = i
+		}
+	}
+	p.credit[pick] -= total
 	if p.clocks != nil {
 		p.clocks.endRound()
 	}
-	return pool[i]
+	// Recorded so that a retry of this request (directly under reverse_proxy, or as the
+	// fallback of a sticky policy) skips it.
+	recordPick(r, pool[pick])
+	return pool[pick]
 }
 
 // clockStore remembers, per upstream, since when it has been in the pool and healthy, which

@@ -64,7 +64,7 @@ type mode struct {
 	localIP  func(i int) string
 }
 
-func TestStickinessPerMode(t *testing.T) {
+func TestCaddyStickinessPerMode(t *testing.T) {
 	plain := func(t *testing.T, c *client, base string, i int) (int, string) { return c.get(t, base+"/") }
 	modes := []mode{
 		{name: "sticky_cookie", policy: "lb_policy sticky_cookie {\n secret " + secret + "\n }", first: plain, next: plain, balanced: true},
@@ -141,7 +141,7 @@ func TestStickinessPerMode(t *testing.T) {
 	}
 }
 
-func TestBadCookiesRepinWith200(t *testing.T) {
+func TestCaddyBadCookiesRepinWith200(t *testing.T) {
 	bs := startBackends(t, 3)
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }")
 	own, _ := cookie.NewCodec([]byte(secret))
@@ -221,10 +221,10 @@ func post(t *testing.T, u string) {
 	}
 }
 
-// TestKillPinnedBackendUnderLoad: clients run requests without pause while the backend many
+// TestCaddyKillPinnedBackendUnderLoad: clients run requests without pause while the backend many
 // are pinned to dies. Retries cover the moments before the health check notices; then the
 // sessions re-pin. No request may fail at any point.
-func TestKillPinnedBackendUnderLoad(t *testing.T) {
+func TestCaddyKillPinnedBackendUnderLoad(t *testing.T) {
 	bs := startBackends(t, 3)
 	// Health: interval 200ms, 1 failure, timeout 150ms: down within ~350ms plus slack.
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\tlb_retries 3\n\t\tlb_try_interval 10ms\n\t\thealth_uri /health\n\t\thealth_interval 200ms\n\t\thealth_timeout 150ms\n\t\thealth_fails 1")
@@ -314,10 +314,10 @@ func TestKillPinnedBackendUnderLoad(t *testing.T) {
 	}
 }
 
-// TestAppCookiePrefixAcrossInstances: a session started through one Caddy continues on
+// TestCaddyAppCookiePrefixAcrossInstances: a session started through one Caddy continues on
 // the same backend through another with the same secret (the built binary), upstreams
 // listed in a different order.
-func TestAppCookiePrefixAcrossInstances(t *testing.T) {
+func TestCaddyAppCookiePrefixAcrossInstances(t *testing.T) {
 	bs := startBackends(t, 3)
 	baseA := serve(t, bs, "\t\tlb_policy app_cookie JSESSIONID {\n secret "+secret+"\n }")
 	portB := freePort(t)
@@ -364,9 +364,9 @@ func TestAppCookiePrefixAcrossInstances(t *testing.T) {
 	}
 }
 
-// TestWeightedLeastConnInflight: 40 concurrent slow requests with weights 3:1 leave the
+// TestCaddyWeightedLeastConnInflight: 40 concurrent slow requests with weights 3:1 leave the
 // in-flight counts (Caddy's own) at 30:10.
-func TestWeightedLeastConnInflight(t *testing.T) {
+func TestCaddyWeightedLeastConnInflight(t *testing.T) {
 	bs := startBackends(t, 2)
 	base := serve(t, bs, "\t\tlb_policy weighted_least_conn 3 1")
 	const total = 40
@@ -403,9 +403,9 @@ func TestWeightedLeastConnInflight(t *testing.T) {
 	}
 }
 
-// TestSlowStartShares: a backend added by a reload ramps up over the slow-start window;
+// TestCaddySlowStartShares: a backend added by a reload ramps up over the slow-start window;
 // request shares over time follow Envoy's formula.
-func TestSlowStartShares(t *testing.T) {
+func TestCaddySlowStartShares(t *testing.T) {
 	bs := startBackends(t, 3)
 	port := freePort(t)
 	cfg := func(n int) string {
@@ -452,8 +452,8 @@ func TestSlowStartShares(t *testing.T) {
 	}
 }
 
-// TestDrainKeepsSessionsTakesNoNew drains a backend through the admin API.
-func TestDrainKeepsSessionsTakesNoNew(t *testing.T) {
+// TestCaddyDrainKeepsSessionsTakesNoNew drains a backend through the admin API.
+func TestCaddyDrainKeepsSessionsTakesNoNew(t *testing.T) {
 	bs := startBackends(t, 3)
 	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }")
 	var old []*client
@@ -489,8 +489,8 @@ func TestDrainKeepsSessionsTakesNoNew(t *testing.T) {
 	}
 }
 
-// TestAdminSessionsTable: a keyed policy's table in GET, flushed by DELETE.
-func TestAdminSessionsTable(t *testing.T) {
+// TestCaddyAdminSessionsTable: a keyed policy's table in GET, flushed by DELETE.
+func TestCaddyAdminSessionsTable(t *testing.T) {
 	bs := startBackends(t, 3)
 	base := serve(t, bs, "\t\tlb_policy sticky_header X-Session {\n table admin-test\n ttl 1m\n }")
 	c := newClient(t, "")
@@ -537,9 +537,9 @@ func TestAdminSessionsTable(t *testing.T) {
 	}
 }
 
-// TestReloadKeepsSessions: a `caddy reload` (a new config with the same table) keeps the
+// TestCaddyReloadKeepsSessions: a `caddy reload` (a new config with the same table) keeps the
 // session table and its mappings.
-func TestReloadKeepsSessions(t *testing.T) {
+func TestCaddyReloadKeepsSessions(t *testing.T) {
 	bs := startBackends(t, 3)
 	policy := "\t\tlb_policy sticky_header X-Session {\n table reload-test\n ttl 10m\n }"
 	base := serve(t, bs, policy)
@@ -567,6 +567,184 @@ func TestReloadKeepsSessions(t *testing.T) {
 	for k, want := range pins {
 		if _, got := c.get(t, base+"/", k); got != want {
 			t.Fatalf("%s moved from %s to %s across the reload", k, want, got)
+		}
+	}
+}
+
+// TestCaddyAppCookieLearnSurvivesFlood: app_cookie learn mode keeps the sessions its backends
+// issued while clients send ten times the table's size of values no backend issued. Such
+// values are balanced by their hash, never stored, so they cannot evict a real session.
+func TestCaddyAppCookieLearnSurvivesFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("floods a real Caddy")
+	}
+	const sessions, flood = 1000, 10 * 1000
+	bs := startBackends(t, 3)
+	base := serve(t, bs, fmt.Sprintf("\t\tlb_policy app_cookie JSESSIONID {\n mode learn\n max_sessions %d\n table flood-test\n }", sessions))
+	tr := &http.Transport{MaxIdleConnsPerHost: 8}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	do := func(path, cookie string) (string, []*http.Cookie) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if cookie != "" {
+			req.Header.Set("Cookie", "JSESSIONID="+cookie)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Error(err)
+			return "", nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b), resp.Cookies()
+	}
+	parallel := func(n int, fn func(i int)) {
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+					fn(i)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// 1,000 logins: each backend issues a value, which the table learns.
+	values := make([]string, sessions)
+	owners := make([]string, sessions)
+	parallel(sessions, func(i int) {
+		body, cs := do("/login", "")
+		for _, c := range cs {
+			if c.Name == "JSESSIONID" {
+				values[i], owners[i] = c.Value, body
+			}
+		}
+	})
+	type tableInfo struct {
+		Entries int    `json:"entries"`
+		Hits    uint64 `json:"hits"`
+		Evicted uint64 `json:"evicted"`
+	}
+	var info struct {
+		Tables map[string]tableInfo `json:"tables"`
+	}
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	if got := info.Tables["flood-test"].Entries; got != sessions {
+		t.Fatalf("%d sessions learned, want %d", got, sessions)
+	}
+	// The flood: values no backend issued.
+	parallel(flood, func(i int) { do("/", fmt.Sprintf("forged-%06d", i)) })
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	before := info.Tables["flood-test"]
+	// Every learned session still reaches the backend that issued it, by its table entry.
+	var onOwner atomic.Int64
+	parallel(sessions, func(i int) {
+		if body, _ := do("/", values[i]); body == owners[i] {
+			onOwner.Add(1)
+		}
+	})
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	after := info.Tables["flood-test"]
+	survived := after.Hits - before.Hits
+	t.Logf("after a flood of %d forged values: %d of %d learned sessions hit the table (%d evictions), %d reached their backend",
+		flood, survived, sessions, after.Evicted, onOwner.Load())
+	if survived != sessions || onOwner.Load() != sessions {
+		t.Fatalf("%d of %d sessions survived the flood (%d on their backend)", survived, sessions, onOwner.Load())
+	}
+}
+
+// TestCaddyAppCookieTablesPerSite: two sites with `app_cookie JSESSIONID` (learn mode) and no
+// table name keep separate tables: a client whose cookie reaches both sites (cookies are
+// per host, not per port) keeps its session on site A after visiting site B, each table
+// keeps its own ttl, and both survive a reload that changes ttl and upstream order.
+func TestCaddyAppCookieTablesPerSite(t *testing.T) {
+	as := []*backend{startBackend(t, "a-1"), startBackend(t, "a-2"), startBackend(t, "a-3")}
+	bs := []*backend{startBackend(t, "b-1"), startBackend(t, "b-2"), startBackend(t, "b-3")}
+	portA, portB := freePort(t), freePort(t)
+	cfg := func(ttlA, ttlB string, a, b []*backend) string {
+		site := func(port int, ups []*backend, ttl string) string {
+			return fmt.Sprintf(":%d {\n\tstickylb\n\treverse_proxy %s {\n\t\tlb_policy app_cookie JSESSIONID {\n\t\t\tmode learn\n\t\t\tttl %s\n\t\t}\n\t}\n}\n", port, addrs(ups), ttl)
+		}
+		return fmt.Sprintf("{\n\tadmin localhost:2999\n\tauto_https off\n\tskip_install_trust\n\thttp_port %d\n}\n", portA) +
+			site(portA, a, ttlA) + site(portB, b, ttlB)
+	}
+	caddytest.NewTester(t).InitServer(cfg("10m", "20m", as, bs), "caddyfile")
+	baseA, baseB := fmt.Sprintf("http://127.0.0.1:%d", portA), fmt.Sprintf("http://127.0.0.1:%d", portB)
+	waitPort(t, fmt.Sprintf("127.0.0.1:%d", portB), 10*time.Second)
+	type tableInfo struct {
+		Policy string `json:"policy"`
+		TTL    string `json:"ttl"`
+	}
+	tables := func() map[string]int {
+		var info struct {
+			Tables map[string]tableInfo `json:"tables"`
+		}
+		getJSON(t, adminBase+"/stickylb/sessions", &info)
+		ttls := map[string]int{}
+		for _, tab := range info.Tables {
+			if tab.Policy == "app_cookie" {
+				ttls[tab.TTL]++
+			}
+		}
+		return ttls
+	}
+	if got := tables(); got["10m0s"] != 1 || got["20m0s"] != 1 {
+		t.Fatalf("app_cookie tables by ttl: %v, want one of 10m and one of 20m", got)
+	}
+	const clients = 30
+	cs := make([]*client, clients)
+	pinned := make([]string, clients)
+	for i := range cs {
+		cs[i] = newClient(t, "")
+		var code int
+		if code, pinned[i] = cs[i].get(t, baseA+"/login"); code != 200 {
+			t.Fatalf("login: %d %s", code, pinned[i])
+		}
+		// The same JSESSIONID goes to site B, whose backends never issued it.
+		if code, body := cs[i].get(t, baseB+"/"); code != 200 || byName(bs, body) == nil {
+			t.Fatalf("site B: %d %q", code, body)
+		}
+	}
+	kept := func(when string) {
+		t.Helper()
+		moved := 0
+		for i, c := range cs {
+			if _, body := c.get(t, baseA+"/"); body != pinned[i] {
+				moved++
+			}
+		}
+		if moved > 0 {
+			t.Fatalf("%s: %d of %d sessions of site A moved", when, moved, clients)
+		}
+	}
+	kept("after visiting site B")
+	caddytest.NewTester(t).InitServer(cfg("15m", "25m", []*backend{as[2], as[0], as[1]}, bs), "caddyfile")
+	if got := tables(); got["15m0s"] != 1 || got["25m0s"] != 1 || len(got) != 2 {
+		t.Fatalf("after the reload, app_cookie tables by ttl: %v", got)
+	}
+	kept("after a reload")
+}
+
+// TestCaddyStickyCookieResponsesArePrivate: through a real Caddy, the response that sets the LB
+// cookie says Cache-Control: private; the hits that follow carry the upstream's own.
+func TestCaddyStickyCookieResponsesArePrivate(t *testing.T) {
+	bs := startBackends(t, 2)
+	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\theader_down Cache-Control \"public, max-age=60, s-maxage=600\"")
+	c := newClient(t, "")
+	for i, want := range []string{"private, max-age=60", "public, max-age=60, s-maxage=600"} {
+		req, _ := http.NewRequest("GET", base+"/", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := strings.Join(resp.Header.Values("Cache-Control"), ", "); got != want {
+			t.Fatalf("request %d (Set-Cookie %q): Cache-Control %q, want %q", i, resp.Header.Get("Set-Cookie"), got, want)
 		}
 	}
 }

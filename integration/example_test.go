@@ -1,12 +1,42 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
+
+// TestCaddyfileExampleAdaptsWithoutSecret: the JSON config Caddy keeps (the admin API's
+// /config/, autosave.json) holds no secret, with STICKYLB_SECRET set or not.
+func TestCaddyfileExampleAdaptsWithoutSecret(t *testing.T) {
+	const real = "a-real-secret-from-the-environment-0123456789"
+	t.Setenv("STICKYLB_SECRET", real)
+	src, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), real) || strings.Contains(string(out), "demo-secret") {
+		t.Fatalf("the adapted config holds a secret:\n%s", out)
+	}
+	var cfg any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"secrets":["{env.STICKYLB_SECRET}"]`) || !strings.Contains(string(out), `"insecure_demo_secret":true`) {
+		t.Fatalf("the adapted policy does not read STICKYLB_SECRET at provision:\n%s", out)
+	}
+}
 
 // TestCaddyfileExample runs README's first command's Caddyfile with the built binary: a
 // cookie jar keeps a client on one demo backend; clients without one reach all three.
@@ -17,7 +47,9 @@ func TestCaddyfileExample(t *testing.T) {
 			t.Fatalf("%s is already in use; Caddyfile.example needs it", a)
 		}
 	}
-	runCaddy(t, "../Caddyfile.example")
+	// README's command, with no secret set: the demo secret, and a warning in the log.
+	t.Setenv("STICKYLB_SECRET", "")
+	cmd := runCaddy(t, "../Caddyfile.example")
 	waitPort(t, "127.0.0.1:8080", 60*time.Second)
 	for _, a := range []string{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"} {
 		waitPort(t, a, 10*time.Second)
@@ -61,5 +93,11 @@ func TestCaddyfileExample(t *testing.T) {
 	getJSON(t, "http://localhost:2019/stickylb/sessions", &info)
 	if h := info.Scopes["sticky_cookie:lb_session"].Hits; h != 60 {
 		t.Fatalf("admin API counts %d hits, want 60", h)
+	}
+	if f, ok := cmd.Stderr.(*os.File); ok {
+		log, _ := os.ReadFile(f.Name())
+		if !strings.Contains(string(log), "public demo secret") {
+			t.Fatalf("no warning about the demo secret in the log:\n%s", log)
+		}
 	}
 }

@@ -4,11 +4,20 @@
 //
 // A sealed value is base64url (no padding) of
 //
-//	version (1) | key id (4) | nonce (24) | XChaCha20-Poly1305(issued (8) | expires (8) | backend)
+//	version (1) | key id (4) | nonce (24) | XChaCha20-Poly1305(plaintext)
 //
 // authenticated together with the version, the key id and a context string (the cookie's
 // name), so a value cut from one cookie does not open as another. Nothing in it is readable
 // without the key. Keys rotate: the first secret seals, every secret opens.
+//
+// The plaintext of version 2 (what Seal writes) is
+//
+//	issued (8) | expires (8) | backend length (1) | backend | zeros to a multiple of 64
+//
+// so the length of a value tells nothing about the length of the backend's identity unless
+// identities differ by more than the padding. Version 1 (the first release) has no length
+// byte and no padding: issued | expires | backend. Open reads both, so cookies already in
+// browsers keep working across the upgrade.
 package cookie
 
 import (
@@ -26,8 +35,14 @@ import (
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
-// Version is the format version written in the first byte of a sealed value.
-const Version byte = 1
+// Version is the format version Seal writes in the first byte of a sealed value.
+const Version byte = 2
+
+// versionUnpadded is the first release's format, which Open still reads.
+const versionUnpadded byte = 1
+
+// PadTo is the block the plaintext of a sealed value is padded to.
+const PadTo = 64
 
 // MinSecretLen is the shortest secret NewCodec accepts, in bytes.
 const MinSecretLen = 32
@@ -51,6 +66,10 @@ const (
 	infoKeyID  = "stickylb cookie key id"
 	maxSecrets = 16
 )
+
+// strictEncoding decodes values: strict, so a value has one encoding and no two cookie
+// strings open to one payload (a cache keyed by the value relies on it). Read-only.
+var strictEncoding = base64.RawURLEncoding.Strict()
 
 // Errors Open returns; Reason names them for metrics.
 var (
@@ -159,21 +178,28 @@ func (c *Codec) Seal(p Payload, context string) (string, error) {
 		return "", fmt.Errorf("sealing cookie: backend identity of %d bytes (want 1..%d)", len(p.Backend), MaxBackendLen)
 	}
 	k := &c.keys[0]
-	n := minSealed + len(p.Backend)
-	buf := make([]byte, headerLen, n)
+	m := paddedLen(len(p.Backend))
+	buf := make([]byte, headerLen, headerLen+m+overhead)
 	buf[0] = Version
 	copy(buf[1:], k.id[:])
 	if _, err := rand.Read(buf[1+keyIDLen : headerLen]); err != nil {
 		return "", fmt.Errorf("sealing cookie: nonce: %w", err)
 	}
-	var plain [timesLen + MaxBackendLen]byte
+	var plain [maxPlain]byte // zeroed: the padding
 	binary.BigEndian.PutUint64(plain[0:], uint64(p.Issued.Unix()))
 	binary.BigEndian.PutUint64(plain[8:], uint64(p.Expires.Unix()))
-	m := timesLen + copy(plain[timesLen:], p.Backend)
+	plain[timesLen] = byte(len(p.Backend))
+	copy(plain[timesLen+1:], p.Backend)
 	ad := additionalData(buf[:1+keyIDLen], context)
 	buf = k.aead.Seal(buf, buf[1+keyIDLen:headerLen], plain[:m], ad)
 	return base64.RawURLEncoding.EncodeToString(buf), nil
 }
+
+// maxPlain is the longest padded plaintext: the longest backend, rounded up.
+const maxPlain = (timesLen + 1 + MaxBackendLen + PadTo - 1) / PadTo * PadTo
+
+// paddedLen is the plaintext length of a version-2 value for a backend of n bytes.
+func paddedLen(n int) int { return (timesLen + 1 + n + PadTo - 1) / PadTo * PadTo }
 
 func additionalData(head []byte, context string) []byte {
 	ad := make([]byte, 0, len(head)+len(context))
@@ -187,14 +213,14 @@ func (c *Codec) Open(v, context string, now time.Time) (Payload, error) {
 	if len(v) > MaxValueLen {
 		return Payload{}, fmt.Errorf("%w: %d bytes", ErrMalformed, len(v))
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(v)
+	raw, err := strictEncoding.DecodeString(v)
 	if err != nil {
 		return Payload{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if len(raw) < 1 {
 		return Payload{}, fmt.Errorf("%w: empty", ErrMalformed)
 	}
-	if raw[0] != Version {
+	if raw[0] != Version && raw[0] != versionUnpadded {
 		return Payload{}, fmt.Errorf("%w: %d", ErrVersion, raw[0])
 	}
 	if len(raw) < minSealed+1 {
@@ -217,7 +243,16 @@ func (c *Codec) Open(v, context string, now time.Time) (Payload, error) {
 	p := Payload{
 		Issued:  time.Unix(int64(binary.BigEndian.Uint64(plain[0:])), 0),
 		Expires: time.Unix(int64(binary.BigEndian.Uint64(plain[8:])), 0),
-		Backend: string(plain[timesLen:]),
+	}
+	if raw[0] == versionUnpadded {
+		p.Backend = string(plain[timesLen:])
+	} else {
+		// Authenticated, so a bad length means a key was misused, not a forgery; still
+		// never index past the plaintext.
+		if len(plain) < timesLen+1 || int(plain[timesLen]) > len(plain)-timesLen-1 {
+			return Payload{}, fmt.Errorf("%w: backend length", ErrMalformed)
+		}
+		p.Backend = string(plain[timesLen+1 : timesLen+1+int(plain[timesLen])])
 	}
 	if !now.Before(p.Expires) {
 		return p, fmt.Errorf("%w at %s", ErrExpired, p.Expires.UTC().Format(time.RFC3339))

@@ -197,3 +197,62 @@ func BenchmarkOpen(b *testing.B) {
 		}
 	}
 }
+
+// release1Vectors are values sealed by the first release's codec (plaintext unpadded), with
+// the secret, context and times below. Cookies in browsers outlive a deploy: every later
+// codec must go on opening them.
+var release1Vectors = []struct{ backend, value string }{
+	{"10.0.0.1:80", "AbQM4AA2pUjQi7lMspQB-dQrJ6q-SGr8zQpiUnxobG5fS4K3wjSGCv9ZMDA67L5J7KBU74kqUUkRGpGGLGsIEnafkecdVyUS"},
+	{"backend-2.internal.example:8443", "AbQM4AAyqpLpVT-_RZzhw7gBm064sYtV36SQG6dY2HzcAA1mpYApV176HAxggAWKJZQB9wdFnEvzBUr1mIdkYGyuo1BWYtogT-o3s5eQPk-dHIfD9bNp_i6zaZ4"},
+	{"[2001:db8::17]:443", "AbQM4ACy_C9luZdyMth8CusMpp9tEOW427bVAtCbALUsL1kOGMtOGDdsUFQK2dJ65W_yLiVzuRbCFxESAHB0PtvFjkWqqvoOJQ8TPLKayg"},
+	{"h", "AbQM4ADz8AfneRFT4oe65pIiV0BdrVmegUx5UZKyWafUZH8p_A-6vqT9ogKaUGsEmOcO8pf7Ec8SKL1lPAI"},
+}
+
+const (
+	release1Secret  = "stickylb-test-vector-secret-0123456789"
+	release1Context = "lb_session"
+)
+
+func TestOpensRelease1Values(t *testing.T) {
+	c, err := NewCodec([]byte(release1Secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_100, 0)
+	for _, v := range release1Vectors {
+		p, err := c.Open(v.value, release1Context, now)
+		if err != nil {
+			t.Fatalf("%s: %v", v.backend, err)
+		}
+		if p.Backend != v.backend || p.Issued.Unix() != 1_800_000_000 || p.Expires.Unix() != 4_102_444_800 {
+			t.Fatalf("%s: opened %+v", v.backend, p)
+		}
+	}
+}
+
+// TestSealedLengthHidesIdentityLength: the value's length must not tell a client how long
+// the backend's identity is (an address of 11 bytes and one of 15 are told apart by it).
+func TestSealedLengthHidesIdentityLength(t *testing.T) {
+	c := mustCodec(t, secretA)
+	lengths := map[int][]string{}
+	for _, b := range []string{"h", "10.0.0.1:80", "10.0.0.10:80", "10.0.0.100:8080", "backend-17.internal:8443", strings.Repeat("b", 64-17)} {
+		v, err := c.Seal(Payload{Backend: b, Issued: t0, Expires: t0.Add(time.Hour)}, "lb_session")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lengths[len(v)] = append(lengths[len(v)], b)
+		p, err := c.Open(v, "lb_session", t0)
+		if err != nil || p.Backend != b {
+			t.Fatalf("%q: opened %+v, %v", b, p, err)
+		}
+	}
+	if len(lengths) != 1 {
+		t.Fatalf("value lengths vary with the identity's: %v", lengths)
+	}
+	// Identities past one block share the next length.
+	v, _ := c.Seal(Payload{Backend: strings.Repeat("b", 64-16), Issued: t0, Expires: t0.Add(time.Hour)}, "lb_session")
+	w, _ := c.Seal(Payload{Backend: strings.Repeat("b", MaxBackendLen), Issued: t0, Expires: t0.Add(time.Hour)}, "lb_session")
+	if _, ok := lengths[len(v)]; ok || len(v) > len(w) {
+		t.Fatalf("lengths %d and %d beside %v", len(v), len(w), lengths)
+	}
+}

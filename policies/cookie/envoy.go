@@ -12,8 +12,16 @@ import (
 // Envoy's stateful-session cookie (envoy.http.stateful_session.cookie) holds the standard
 // base64 of a small protobuf message, envoy.Cookie { string address = 1; uint64 expires = 2; }
 // (expires in seconds). Envoy versions before 1.27 wrote the plain base64 of "ip:port";
-// DecodeEnvoy reads both. Envoy has computed expires from a monotonic clock, so callers
-// should treat it as advisory.
+// DecodeEnvoy reads both. Older Envoys computed expires from a monotonic clock (seconds since
+// boot); newer ones write wall-clock time and enforce it. DecodeEnvoy returns an expiry only
+// when it can be wall-clock time (at or after WallClockFloor).
+//
+// The format is not authenticated: a client can write any address and any expiry into it.
+
+// WallClockFloor is the earliest expiry read as wall-clock time, in Unix seconds
+// (2001-01-01 UTC); a smaller value was written from a monotonic clock and counts as no
+// expiry.
+const WallClockFloor = 978_307_200
 
 // maxEnvoyLen bounds the Envoy cookie values DecodeEnvoy reads.
 const maxEnvoyLen = 512
@@ -32,7 +40,8 @@ func EncodeEnvoy(address string, expires time.Time) string {
 }
 
 // DecodeEnvoy returns the address an Envoy stateful-session cookie value pins, and its
-// expiry (zero when the value has none). The address must be "host:port".
+// expiry: zero when the value has none or one before WallClockFloor. The address must be
+// "host:port".
 func DecodeEnvoy(v string) (address string, expires time.Time, err error) {
 	if len(v) > maxEnvoyLen {
 		return "", time.Time{}, fmt.Errorf("%w: envoy cookie of %d bytes", ErrMalformed, len(v))
@@ -72,7 +81,7 @@ func parseEnvoyProto(b []byte) (string, time.Time, error) {
 			if n <= 0 {
 				return "", exp, errBadProto
 			}
-			if x > 0 && x < 1<<40 {
+			if x >= WallClockFloor && x < 1<<40 {
 				exp = time.Unix(int64(x), 0)
 			}
 			b = b[n:]

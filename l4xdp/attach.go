@@ -42,11 +42,11 @@ type Config struct {
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config
 // (written from its flags) and the per-CPU insert budgets.
-var transientMaps = []string{"config", "insert_budget"}
+var transientMaps = []string{"config", "insert_budget", "sched_pos"}
 
 // pinned maps: the state a restarted loader adopts.
 var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
-	"backend_stats", "vip_names", "backend_names"}
+	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones"}
 
 func (c Config) pinDir() string {
 	root := c.PinRoot
@@ -168,7 +168,8 @@ func mapByName(fw *Tables, name string) *ebpf.Map {
 	m := fw.objs.lbMaps
 	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
 		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
-		"vip_names": m.VipNames, "backend_names": m.BackendNames}[name]
+		"vip_names": m.VipNames, "backend_names": m.BackendNames, "schedules": m.Schedules, "wlc_pools": m.WlcPools,
+		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones}[name]
 }
 
 // Close stops the health checkers and releases this process's handles. The link and maps

@@ -26,7 +26,8 @@ const (
 // pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and
 // `stickylb xdp stats`.
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
-	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic"}
+	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic",
+	"wrr", "wlc", "midstream"}
 
 const numPaths = uint32(len(pathNames))
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -38,6 +39,9 @@ type Config struct {
 	HealthOptions []health.Option
 	// Tables sizes the connection table and its flood guard.
 	Tables Options
+	// Zone is the node's zone (`--zone`): with cross_zone off, new flows go to this zone's
+	// backends while it has any. Empty: every zone.
+	Zone string
 }
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config
@@ -64,7 +68,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
 	}
 	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
-		lastDown: map[string]bool{}}
+		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
 	l.health = health.NewMonitor(l.onTransition, cfg.HealthOptions...)
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
@@ -176,6 +180,7 @@ func mapByName(fw *Tables, name string) *ebpf.Map {
 // stay pinned, so the program keeps forwarding until Detach.
 func (l *Loader) Close() error {
 	l.health.Stop() // not under l.mu: a transition being handled takes it
+	l.stopMaintenance()
 	err := l.lnk.Close()
 	return errors.Join(err, l.fw.Close())
 }

@@ -3,6 +3,7 @@ package l4xdp
 import (
 	"net"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf/link"
 	"go.uber.org/zap"
@@ -30,6 +31,12 @@ type Loader struct {
 	// a dead backend does not get new flows back for a restart or a pools-file edit.
 	lastDown map[string]bool
 	health   *health.Monitor // one checker per VIP service with a health_check
+	// rampFrom: when each ramping backend's slow start began (its join, or its health
+	// transition's time); rampBuilt: the ramp step its current tables were built for.
+	rampFrom  map[string]time.Time
+	rampBuilt map[string]int
+	// maintStop ends the loop that steps ramps and recounts active connections.
+	maintStop, maintDone chan struct{}
 }
 
 // Tables returns the loaded program's maps (its counters).

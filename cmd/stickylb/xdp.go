@@ -26,7 +26,7 @@ import (
 
 const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
-               [--conn-table-size N] [--conn-insert-cap N]
+               [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
   stickylb xdp stats --iface IF [--pin-root DIR]
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
@@ -47,6 +47,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
 	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
+	zone := fs.String("zone", "", "this node's zone: with cross_zone false, new flows go to its backends first")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -59,7 +60,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if capOpt == 0 {
 		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"
 	}
-	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot,
+	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot, Zone: *zone,
 		Tables: l4xdp.Options{ConnTableSize: uint32(*tableSize), InsertCap: capOpt}}
 	switch sub {
 	case "detach":
@@ -123,11 +124,13 @@ var (
 	descBackendPackets = prometheus.NewDesc("stickylb_xdp_backend_packets_total", "Packets forwarded to a backend.", []string{"service", "backend"}, nil)
 	descBackendBytes   = prometheus.NewDesc("stickylb_xdp_backend_bytes_total", "Bytes forwarded to a backend.", []string{"service", "backend"}, nil)
 	descConnTable      = prometheus.NewDesc("stickylb_xdp_conn_table_lookups_total", "Connection-table lookups of packets to a VIP.", []string{"result"}, nil)
+	descActiveBackend  = prometheus.NewDesc("stickylb_xdp_backend_active_connections", "Active connections of a backend, counted from the client side.", []string{"service", "backend"}, nil)
+	descActiveZone     = prometheus.NewDesc("stickylb_xdp_zone_active_connections", "Active connections to a zone's backends.", []string{"service", "zone"}, nil)
 	descInsertsRefused = prometheus.NewDesc("stickylb_xdp_conn_inserts_refused_total", "New flows forwarded but not remembered: a CPU's connection-table insert cap for the second was spent (flood guard).", nil, nil)
 )
 
 func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused} {
+	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused, descActiveBackend, descActiveZone} {
 		ch <- d
 	}
 }
@@ -153,6 +156,14 @@ func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
 		service, backend, _ := strings.Cut(k, "/")
 		counter(descBackendPackets, n.Packets, service, backend)
 		counter(descBackendBytes, n.Bytes, service, backend)
+	}
+	for k, n := range st.ActiveBackends {
+		service, backend, _ := strings.Cut(k, "/")
+		ch <- prometheus.MustNewConstMetric(descActiveBackend, prometheus.GaugeValue, float64(n), service, backend)
+	}
+	for k, n := range st.ActiveZones {
+		service, zone, _ := strings.Cut(k, "/")
+		ch <- prometheus.MustNewConstMetric(descActiveZone, prometheus.GaugeValue, float64(n), service, zone)
 	}
 	counter(descConnTable, st.Paths["conn_hit"].Packets, "hit")
 	counter(descConnTable, st.Paths["conn_miss"].Packets, "miss")

@@ -16,6 +16,9 @@ const (
 	connSYN     = 4
 )
 
+// recountBatch is how many connection-table entries a recount reads per system call.
+const recountBatch = 4096
+
 // monoNow is bpf_ktime_get_coarse_ns()'s clock.
 func monoNow() uint64 {
 	var ts unix.Timespec
@@ -56,27 +59,33 @@ func (f *Tables) Recount() error {
 	}
 	now := monoNow()
 	counted := map[uint32]int64{}
-	var k lbFlow
-	var c lbConn
 	var expired []lbFlow
 	var expiredConn []lbConn
-	it = f.objs.Conns.Iterate()
-	for it.Next(&k, &c) {
-		if c.Flags&connCounted == 0 {
-			continue
+	// In batches: a million entries one lookup at a time would cost seconds of system time.
+	keys, vals := make([]lbFlow, recountBatch), make([]lbConn, recountBatch)
+	var cursor ebpf.MapBatchCursor
+	for done := false; !done; {
+		n, err := f.objs.Conns.BatchLookup(&cursor, keys, vals, nil)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			done = true
+		} else if err != nil {
+			return fmt.Errorf("reading the connection table: %w", err)
 		}
-		to, ok := idle[c.VipId]
-		if !ok || !alive[c.Backend] || gens[c.Backend] != c.Gen {
-			continue // the program would not use it: its count was reset with its slot
+		for i := 0; i < n; i++ {
+			k, c := keys[i], vals[i]
+			if c.Flags&connCounted == 0 {
+				continue
+			}
+			to, ok := idle[c.VipId]
+			if !ok || !alive[c.Backend] || gens[c.Backend] != c.Gen {
+				continue // the program would not use it: its count was reset with its slot
+			}
+			if now > c.LastSeen && now-c.LastSeen > to {
+				expired, expiredConn = append(expired, k), append(expiredConn, c)
+				continue
+			}
+			counted[c.Backend]++
 		}
-		if now > c.LastSeen && now-c.LastSeen > to {
-			expired, expiredConn = append(expired, k), append(expiredConn, c)
-			continue
-		}
-		counted[c.Backend]++
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return fmt.Errorf("reading the connection table: %w", err)
 	}
 	for i, k := range expired {
 		c := expiredConn[i]

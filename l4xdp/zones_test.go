@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/zones"
 )
 
 // newTestLoader is a loader over freshly loaded maps, attached nowhere: applyLocked builds
@@ -98,9 +99,24 @@ func TestZonesExampleThroughProgram(t *testing.T) {
 				l.applyFile(t, zoneFile(tc.extra))
 				sendFlows(t, l, i*perNode, perNode, got)
 			}
+			// policies/zones computes the same shares from the policy (the model the other
+			// tiers share); both must hold.
+			var zbs []zones.Backend
+			for b := 1; b <= 10; b++ {
+				z := "b"
+				if b <= 2 {
+					z = "a"
+				}
+				zbs = append(zbs, zones.Backend{ID: fmt.Sprint(b), Zone: z, Weight: 1, Healthy: true})
+			}
+			model := zones.Shares([]zones.Node{{Zone: "a", Traffic: 0.5}, {Zone: "b", Traffic: 0.5}}, zbs,
+				zones.Policy{CrossZone: tc.extra == ""})
 			n := float64(2 * perNode)
 			for b := 1; b <= 10; b++ {
 				p := tc.share(b)
+				if math.Abs(model[fmt.Sprint(b)]-p) > 1e-9 {
+					t.Fatalf("policies/zones gives backend %d %.4f, the example %.4f", b, model[fmt.Sprint(b)], p)
+				}
 				sigma := math.Sqrt(n * p * (1 - p))
 				if d := math.Abs(float64(got[b]) - n*p); d > 4*sigma {
 					t.Errorf("backend %d: %d of %d flows, want %.0f ± %.0f (4 sigma)", b, got[b], int(n), n*p, 4*sigma)

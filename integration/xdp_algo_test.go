@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"path/filepath"
 	"runtime"
@@ -192,6 +193,14 @@ func TestXDPAlgorithms(t *testing.T) {
 		if err := old.echo(); err != nil {
 			t.Fatalf("the connection opened before the drain broke: %v", err)
 		}
+		// And carries a 1 MiB download from its backend.
+		old.c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(old.c, "big\n"); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := io.ReadFull(old.r, make([]byte, 1<<20)); err != nil {
+			t.Fatalf("1 MiB over the connection opened before the drain: %d bytes, %v", n, err)
+		}
 		if n := tp.xdpStats(bin).ActiveZones["algo/a"]; n != 1 {
 			t.Fatalf("zone a shows %d active flows, want the 1 older connection", n)
 		}
@@ -203,8 +212,10 @@ func TestXDPAlgorithms(t *testing.T) {
 
 	// Slow start: b2 recovers and ramps over a 6 s window (aggression 1, floor 10 %); with
 	// weighted round robin its share of new flows is f/(1+f), f its factor: 9 % at the floor,
-	// 50 % when done. Bounds per 2 s bucket: 0..30 % in the first, at least 35 % in the
-	// last, and the last above the first.
+	// 50 % when done; about 15 %, 32 % and 44 % over the window's thirds. The test sees the
+	// recovery up to a few hundred ms late (its first connection to b2), so its buckets lag
+	// the ramp. Bounds per 2 s bucket: at most 35 % in the first, at least 35 % in the last,
+	// and the last 10 points above the first.
 	tp.phase("slow start after a recovery", func(t *testing.T) {
 		hc := "    slow_start: {window: 6s}\n    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n"
 		restart(algoService("    balance: weighted_round_robin\n"+hc, "b1:1", "b2:1"))
@@ -221,7 +232,12 @@ func TestXDPAlgorithms(t *testing.T) {
 		})
 		start := time.Now()
 		var buckets [3]struct{ b2, all int }
+		// Paced at one connection per 5 ms (400 a bucket): closed connections leave the
+		// client's ports in TIME_WAIT, and an unpaced loop runs out of them.
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
 		for time.Since(start) < 6*time.Second {
+			<-pace.C
 			c, err := tp.dial(vip4 + ":80")
 			if err != nil {
 				t.Fatal(err)
@@ -235,7 +251,7 @@ func TestXDPAlgorithms(t *testing.T) {
 		}
 		share := func(i int) float64 { return float64(buckets[i].b2) / float64(max(buckets[i].all, 1)) }
 		t.Logf("b2's share by 2 s bucket: %.2f %.2f %.2f (%v)", share(0), share(1), share(2), buckets)
-		if share(0) > 0.30 || share(2) < 0.35 || share(2) <= share(0) {
+		if share(0) > 0.35 || share(2) < 0.35 || share(2) < share(0)+0.1 {
 			t.Fatalf("b2's share did not ramp: %.2f, %.2f, %.2f", share(0), share(1), share(2))
 		}
 	})

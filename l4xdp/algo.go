@@ -21,21 +21,23 @@ const WLCScan = 16
 // hundredths of a weight unit.
 const weightScale = 100
 
-// setSchedule installs v's schedule (a fresh inner map swapped in whole, as tables are) and
-// its least-connections pool; a VIP without one has neither.
+// setSchedule installs v's schedule (a fresh inner map swapped in whole, as tables are),
+// then its length and least-connections pool. The schedule fills its whole map, repeated,
+// so a packet that reads the new schedule with the old length (or the reverse) between the
+// two writes still finds one of the VIP's backends.
 func (f *Tables) setSchedule(v VIP) error {
 	if len(v.Schedule) > MaxTableSize {
 		return fmt.Errorf("vip %s: schedule of %d entries (at most %d)", v.Addr, len(v.Schedule), MaxTableSize)
 	}
-	var pool lbWlcPool
+	pool := lbWlcPool{SchedLen: uint32(len(v.Schedule))}
 	if len(v.Pool) <= WLCScan {
 		pool.N = uint32(len(v.Pool))
 		copy(pool.Slots[:], v.Pool)
 	}
-	if err := f.objs.WlcPools.Put(v.ID, pool); err != nil {
-		return fmt.Errorf("vip %s: its least-connections pool: %w", v.Addr, err)
-	}
 	if len(v.Schedule) == 0 {
+		if err := f.objs.WlcPools.Put(v.ID, pool); err != nil {
+			return fmt.Errorf("vip %s: its least-connections pool: %w", v.Addr, err)
+		}
 		if err := f.objs.Schedules.Delete(v.ID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("vip %s: removing its schedule: %w", v.Addr, err)
 		}
@@ -46,15 +48,18 @@ func (f *Tables) setSchedule(v VIP) error {
 		return fmt.Errorf("vip %s: creating its schedule: %w", v.Addr, err)
 	}
 	defer inner.Close()
-	keys := make([]uint32, len(v.Schedule))
+	keys, vals := make([]uint32, MaxTableSize), make([]uint32, MaxTableSize)
 	for i := range keys {
-		keys[i] = uint32(i)
+		keys[i], vals[i] = uint32(i), v.Schedule[i%len(v.Schedule)]
 	}
-	if _, err := inner.BatchUpdate(keys, v.Schedule, nil); err != nil {
+	if _, err := inner.BatchUpdate(keys, vals, nil); err != nil {
 		return fmt.Errorf("vip %s: filling its schedule: %w", v.Addr, err)
 	}
 	if err := f.objs.Schedules.Put(v.ID, inner); err != nil {
 		return fmt.Errorf("vip %s: installing its schedule: %w", v.Addr, err)
+	}
+	if err := f.objs.WlcPools.Put(v.ID, pool); err != nil {
+		return fmt.Errorf("vip %s: its least-connections pool: %w", v.Addr, err)
 	}
 	return nil
 }

@@ -60,7 +60,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 	if err := spec.Types.TypeByName("wlc_pool", &pool); err != nil {
 		t.Fatal(err)
 	}
-	want("wlc_pool slots (WLC_SCAN)", uint64(pool.Size/4-1), WLCScan)
+	want("wlc_pool slots (WLC_SCAN)", uint64(pool.Size/4-2), WLCScan)
 	bf := enum("backend_flags")
 	want("B_ALIVE", bf["B_ALIVE"], backendAlive)
 	want("B_DOWN", bf["B_DOWN"], backendDown)

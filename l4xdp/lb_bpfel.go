@@ -108,13 +108,13 @@ type lbVipMeta struct {
 	TableSize   uint32
 	CidLen      uint32
 	IdleTimeout uint32
-	SchedLen    uint32
 }
 
 type lbWlcPool struct {
-	_     structs.HostLayout
-	N     uint32
-	Slots [16]uint32
+	_        structs.HostLayout
+	SchedLen uint32
+	N        uint32
+	Slots    [16]uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -235,7 +235,7 @@ func (f *Tables) SetVIP(v VIP) error {
 		}
 	}
 	meta := lbVipMeta{Id: v.ID, Flags: v.Flags, TableSize: uint32(len(v.Table)), CidLen: v.CIDLength,
-		IdleTimeout: uint32(max(idle/time.Second, 1)), SchedLen: uint32(len(v.Schedule))}
+		IdleTimeout: uint32(max(idle/time.Second, 1))}
 	if err := f.objs.Vips.Put(v.key(true), meta); err != nil {
 		return fmt.Errorf("vip %s: %w", v.Addr, err)
 	}

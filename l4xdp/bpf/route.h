@@ -143,7 +143,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		algo = 0;
 	}
 	if (algo) {
-		int p = (vm->flags & F_WLC) ? wlc_pick(vm) : wrr_next(vm);
+		int p = (vm->flags & F_WLC) ? wlc_pick(vm) : wrr_pick(vm);
 		if (p < 0) {
 			count(&path_stats, PATH_NO_BACKEND, len);
 			return XDP_DROP;

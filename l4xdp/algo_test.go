@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -241,3 +242,70 @@ func entryBackend(t *testing.T, f *Tables, sport, dport uint16) int {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// The same flows' SYNs, then FINs, played on two CPUs at once (two threads pinned apart,
+// as a SYN retransmitted while the first is handled elsewhere): each flow is counted once
+// and taken off once, whatever the interleaving.
+func TestActiveCountsAcrossCPUs(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	fx := setup(t)
+	const port, flows = 8083, 2000
+	v := VIP{ID: 8, Addr: netip.AddrPortFrom(vip4, port), Proto: 6, Flags: FlagWLC, Table: fx.table,
+		Schedule: []uint32{2, 0, 1, 2}, Pool: []uint32{0, 1, 2}}
+	if err := fx.f.SetVIP(v); err != nil {
+		t.Fatal(err)
+	}
+	setWeights(t, fx.f, map[uint32]uint32{0: 100, 1: 100, 2: 200})
+	var syns, fins [][]byte
+	for i := 0; i < flows; i++ {
+		src := netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
+		syns = append(syns, tcp4(t, src, vip4, 1234, port, "S", nil, nil))
+		fins = append(fins, tcp4(t, src, vip4, 1234, port, "F", nil, nil))
+	}
+	play := func(pkts [][]byte) {
+		t.Helper()
+		errs := make(chan error, 2)
+		for cpu := 0; cpu < 2; cpu++ {
+			go func(cpu int) {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				var set unix.CPUSet
+				set.Set(cpu)
+				if err := unix.SchedSetaffinity(0, &set); err != nil {
+					errs <- err
+					return
+				}
+				for _, p := range pkts {
+					out := make([]byte, len(p)+256)
+					if _, err := fx.f.Program().Run(&ebpf.RunOptions{Data: p, DataOut: out}); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}(cpu)
+		}
+		for i := 0; i < 2; i++ {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	total := func() int64 {
+		var n int64
+		for s := uint32(0); s < 3; s++ {
+			n += activeOf(t, fx.f, s)
+		}
+		return n
+	}
+	play(syns)
+	if n := total(); n != flows {
+		t.Fatalf("%d flows' SYNs on two CPUs: %d active, want %d", flows, n, flows)
+	}
+	play(fins)
+	if n := total(); n != 0 {
+		t.Fatalf("after their FINs on two CPUs: %d active, want 0", n)
+	}
+}

@@ -148,8 +148,8 @@ static __always_inline int wrr_pick(const struct vip_meta *vm)
  * entry, so ties (every count equal, as between sequential connections) follow the weights
  * in a smooth order. A pool of up to WLC_SCAN backends is scanned whole; a larger one is
  * the weighted power of two choices: a second candidate sampled from the schedule (so in
- * proportion to weight) at random, the lighter of the two wins. Either way a pick reads at
- * most WLC_SCAN + 1 counts. */
+ * proportion to weight) at random, the lighter of the two wins. Either way a pick looks at
+ * WLC_SCAN backends at most. */
 static __always_inline int wlc_pick(const struct vip_meta *vm)
 {
 	__u32 id = vm->id;

@@ -4,7 +4,9 @@
 #
 #   BPF_PROG_RUN, ns/packet: our established-flow and new-flow paths against a program that
 #     only swaps MACs and returns XDP_TX (the floor); and a new flow above the CPU's insert
-#     cap (a flood: hash and pick, no entry written).
+#     cap (a flood: hash and pick, no entry written); and the new-connection path of each
+#     algorithm (BenchmarkProgRunAlgorithms: Maglev, WRR, WLC scanning 3, WLC's two choices
+#     of 20).
 #   Live frames, packets/s at the backends: one generator feeds our forwarder and nftables
 #     netdev `fwd` doing the same DR rewrite; a figure comes only from a run in which no drop
 #     counter moved (the benchmark fails otherwise). The floor arm runs the same pipeline with
@@ -29,6 +31,10 @@ floor=$(median 'BenchmarkProgRun/path=floor' ns/packet)
 est=$(median 'BenchmarkProgRun/path=established' ns/packet)
 new=$(median 'BenchmarkProgRun/path=new-flow' ns/packet)
 over=$(median 'BenchmarkProgRun/path=new-flow-over-cap' ns/packet)
+amag=$(median 'BenchmarkProgRunAlgorithms/new-flow=maglev' ns/packet)
+awrr=$(median 'BenchmarkProgRunAlgorithms/new-flow=wrr' ns/packet)
+awlc=$(median 'BenchmarkProgRunAlgorithms/new-flow=wlc-scan-3' ns/packet)
+awlc2=$(median 'BenchmarkProgRunAlgorithms/new-flow=wlc-two-choices-20' ns/packet)
 lfloor=$(median 'BenchmarkLiveFrames/arm=floor' ns/packet)
 lours=$(median 'BenchmarkLiveFrames/arm=stickylb' ns/packet)
 lnft=$(median 'BenchmarkLiveFrames/arm=nftables' ns/packet)
@@ -36,8 +42,9 @@ ours=$(median 'BenchmarkLiveFrames/arm=stickylb' pps)
 nft=$(median 'BenchmarkLiveFrames/arm=nftables' pps)
 echo
 echo "medians of $count runs"
-awk -v f="$floor" -v e="$est" -v n="$new" -v c="$over" -v o="$ours" -v t="$nft" -v lf="$lfloor" -v lo="$lours" -v ln="$lnft" 'BEGIN {
+awk -v am="$amag" -v aw="$awrr" -v al="$awlc" -v al2="$awlc2" -v f="$floor" -v e="$est" -v n="$new" -v c="$over" -v o="$ours" -v t="$nft" -v lf="$lfloor" -v lo="$lours" -v ln="$lnft" 'BEGIN {
 	printf "BPF_PROG_RUN   floor %.0f ns/packet, established %.0f (%.1fx the floor), new connection (SYN) %.0f (%.1fx), above the insert cap %.0f\n", f, e, e / f, n, n / f, c
+	printf "new connection by algorithm: maglev %.0f ns/packet, wrr %.0f, wlc (pool of 3) %.0f, wlc (two choices of 20) %.0f\n", am, aw, al, al2
 	printf "live frames    stickylb %.2f Mpps, nftables netdev fwd %.2f Mpps: stickylb %.2fx nftables\n", o / 1e6, t / 1e6, o / t
 	printf "               per packet: floor %.0f ns, stickylb %.0f, nftables %.0f; over the floor %.0f vs %.0f ns (%.1fx less)\n", lf, lo, ln, lo - lf, ln - lf, (ln - lf) / (lo - lf)
 }'

@@ -627,7 +627,8 @@ func TestXDPEndToEnd(t *testing.T) {
 		}
 		metrics := tp.get("lb", "127.0.0.1:9901", "/metrics")
 		for _, m := range []string{`stickylb_xdp_vip_packets_total{service="spread"}`, `stickylb_xdp_backend_bytes_total{backend="` + hosts["b2"].v4 + `:80",service="spread"}`,
-			`stickylb_xdp_conn_table_lookups_total{result="hit"}`, `stickylb_xdp_packets_total{path="forward"}`} {
+			`stickylb_xdp_conn_table_lookups_total{result="hit"}`, `stickylb_xdp_packets_total{path="forward"}`,
+			`stickylb_xdp_backend_active_connections{backend="` + hosts["b2"].v4 + `:80",service="spread"}`} {
 			if !strings.Contains(metrics, m) {
 				t.Errorf("metrics lack %s:\n%s", m, metrics)
 			}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -38,15 +39,18 @@ type Config struct {
 	HealthOptions []health.Option
 	// Tables sizes the connection table and its flood guard.
 	Tables Options
+	// Zone is the node's zone (`--zone`): with cross_zone off, new flows go to this zone's
+	// backends while it has any. Empty: every zone.
+	Zone string
 }
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config
 // (written from its flags) and the per-CPU insert budgets.
-var transientMaps = []string{"config", "insert_budget"}
+var transientMaps = []string{"config", "insert_budget", "sched_pos"}
 
 // pinned maps: the state a restarted loader adopts.
 var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
-	"backend_stats", "vip_names", "backend_names"}
+	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones"}
 
 func (c Config) pinDir() string {
 	root := c.PinRoot
@@ -64,7 +68,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
 	}
 	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
-		lastDown: map[string]bool{}}
+		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
 	l.health = health.NewMonitor(l.onTransition, cfg.HealthOptions...)
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
@@ -168,13 +172,15 @@ func mapByName(fw *Tables, name string) *ebpf.Map {
 	m := fw.objs.lbMaps
 	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
 		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
-		"vip_names": m.VipNames, "backend_names": m.BackendNames}[name]
+		"vip_names": m.VipNames, "backend_names": m.BackendNames, "schedules": m.Schedules, "wlc_pools": m.WlcPools,
+		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones}[name]
 }
 
 // Close stops the health checkers and releases this process's handles. The link and maps
 // stay pinned, so the program keeps forwarding until Detach.
 func (l *Loader) Close() error {
 	l.health.Stop() // not under l.mu: a transition being handled takes it
+	l.stopMaintenance()
 	err := l.lnk.Close()
 	return errors.Join(err, l.fw.Close())
 }

@@ -51,6 +51,16 @@ func TestCConstantsMatchGo(t *testing.T) {
 	want("F_SRC_IP", vf["F_SRC_IP"], FlagSourceIP)
 	want("F_QUIC", vf["F_QUIC"], FlagQUIC)
 	want("F_PANIC", vf["F_PANIC"], FlagPanic)
+	want("F_WRR", vf["F_WRR"], FlagWRR)
+	want("F_WLC", vf["F_WLC"], FlagWLC)
+	cf := enum("conn_flags")
+	want("C_COUNTED", cf["C_COUNTED"], connCounted)
+	want("C_SYN", cf["C_SYN"], connSYN)
+	var pool *btf.Struct
+	if err := spec.Types.TypeByName("wlc_pool", &pool); err != nil {
+		t.Fatal(err)
+	}
+	want("wlc_pool slots (WLC_SCAN)", uint64(pool.Size/4-2), WLCScan)
 	bf := enum("backend_flags")
 	want("B_ALIVE", bf["B_ALIVE"], backendAlive)
 	want("B_DOWN", bf["B_DOWN"], backendDown)
@@ -64,13 +74,14 @@ func TestCConstantsMatchGo(t *testing.T) {
 		return uint64(m.MaxEntries)
 	}
 	want("path_stats entries (PATH_MAX)", size("path_stats"), pathMax)
-	for _, m := range []string{"vips", "vip_addrs", "maglev", "vip_names", "vip_stats"} {
+	for _, m := range []string{"vips", "vip_addrs", "maglev", "vip_names", "vip_stats", "schedules", "sched_pos", "wlc_pools"} {
 		want(m+" entries (MAX_VIPS)", size(m), MaxVIPs)
 	}
-	for _, m := range []string{"backends", "backend_names", "backend_stats", "server_ids"} {
+	for _, m := range []string{"backends", "backend_names", "backend_stats", "server_ids", "weights", "active", "backend_zones"} {
 		want(m+" entries (MAX_BACKENDS)", size(m), MaxBackends)
 	}
 	want("Maglev table entries (MAGLEV_SIZE)", uint64(spec.Maps["maglev"].InnerMap.MaxEntries), MaxTableSize)
+	want("schedule entries (MAGLEV_SIZE)", uint64(spec.Maps["schedules"].InnerMap.MaxEntries), MaxTableSize)
 	want("pools' largest vip table", pools.MaxVIPTableSize, MaxTableSize)
 	want("connection table entries", size("conns"), DefaultConnTableSize)
 	want("TCP idle timeout, s", uint64(pools.DefaultTCPIdleTimeout/time.Second), uint64(defaultTCPIdle/time.Second))

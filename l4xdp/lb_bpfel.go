@@ -76,7 +76,10 @@ const (
 	lbLbPathPATH_CONN_STALE     lbLbPath = 11
 	lbLbPathPATH_INSERT_REFUSED lbLbPath = 12
 	lbLbPathPATH_PANIC          lbLbPath = 13
-	lbLbPathPATH_MAX            lbLbPath = 16
+	lbLbPathPATH_WRR            lbLbPath = 14
+	lbLbPathPATH_WLC            lbLbPath = 15
+	lbLbPathPATH_MIDSTREAM      lbLbPath = 16
+	lbLbPathPATH_MAX            lbLbPath = 24
 )
 
 type lbName struct {
@@ -107,23 +110,36 @@ type lbVipMeta struct {
 	IdleTimeout uint32
 }
 
+type lbWlcPool struct {
+	_        structs.HostLayout
+	SchedLen uint32
+	N        uint32
+	Slots    [16]uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	lbMapActive       = "active"
 	lbMapBackendNames = "backend_names"
 	lbMapBackendStats = "backend_stats"
+	lbMapBackendZones = "backend_zones"
 	lbMapBackends     = "backends"
 	lbMapConfig       = "config"
 	lbMapConns        = "conns"
 	lbMapInsertBudget = "insert_budget"
 	lbMapMaglev       = "maglev"
 	lbMapPathStats    = "path_stats"
+	lbMapSchedPos     = "sched_pos"
+	lbMapSchedules    = "schedules"
 	lbMapServerIds    = "server_ids"
 	lbMapVipAddrs     = "vip_addrs"
 	lbMapVipNames     = "vip_names"
 	lbMapVipStats     = "vip_stats"
 	lbMapVips         = "vips"
+	lbMapWeights      = "weights"
+	lbMapWlcPools     = "wlc_pools"
 	lbProgStickylbXdp = "stickylb_xdp"
 )
 
@@ -176,19 +192,25 @@ type lbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbMapSpecs struct {
+	Active       *ebpf.MapSpec `ebpf:"active"`
 	BackendNames *ebpf.MapSpec `ebpf:"backend_names"`
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
+	BackendZones *ebpf.MapSpec `ebpf:"backend_zones"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Config       *ebpf.MapSpec `ebpf:"config"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
 	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
+	SchedPos     *ebpf.MapSpec `ebpf:"sched_pos"`
+	Schedules    *ebpf.MapSpec `ebpf:"schedules"`
 	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
 	VipAddrs     *ebpf.MapSpec `ebpf:"vip_addrs"`
 	VipNames     *ebpf.MapSpec `ebpf:"vip_names"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
+	Weights      *ebpf.MapSpec `ebpf:"weights"`
+	WlcPools     *ebpf.MapSpec `ebpf:"wlc_pools"`
 }
 
 // lbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -217,36 +239,48 @@ func (o *lbObjects) Close() error {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbMaps struct {
+	Active       *ebpf.Map `ebpf:"active"`
 	BackendNames *ebpf.Map `ebpf:"backend_names"`
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
+	BackendZones *ebpf.Map `ebpf:"backend_zones"`
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Config       *ebpf.Map `ebpf:"config"`
 	Conns        *ebpf.Map `ebpf:"conns"`
 	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	PathStats    *ebpf.Map `ebpf:"path_stats"`
+	SchedPos     *ebpf.Map `ebpf:"sched_pos"`
+	Schedules    *ebpf.Map `ebpf:"schedules"`
 	ServerIds    *ebpf.Map `ebpf:"server_ids"`
 	VipAddrs     *ebpf.Map `ebpf:"vip_addrs"`
 	VipNames     *ebpf.Map `ebpf:"vip_names"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
+	Weights      *ebpf.Map `ebpf:"weights"`
+	WlcPools     *ebpf.Map `ebpf:"wlc_pools"`
 }
 
 func (m *lbMaps) Close() error {
 	return _LbClose(
+		m.Active,
 		m.BackendNames,
 		m.BackendStats,
+		m.BackendZones,
 		m.Backends,
 		m.Config,
 		m.Conns,
 		m.InsertBudget,
 		m.Maglev,
 		m.PathStats,
+		m.SchedPos,
+		m.Schedules,
 		m.ServerIds,
 		m.VipAddrs,
 		m.VipNames,
 		m.VipStats,
 		m.Vips,
+		m.Weights,
+		m.WlcPools,
 	)
 }
 

@@ -3,6 +3,7 @@ package l4xdp
 import (
 	"net"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf/link"
 	"go.uber.org/zap"
@@ -33,6 +34,12 @@ type Loader struct {
 	// external, when set, gives the verdicts instead of health (ApplyView: a loader fed by
 	// a control plane probes nothing).
 	external Verdicts
+	// rampFrom: when each ramping backend's slow start began (its join, or its health
+	// transition's time); rampBuilt: the ramp step its current tables were built for.
+	rampFrom  map[string]time.Time
+	rampBuilt map[string]int
+	// maintStop ends the loop that steps ramps and recounts active connections.
+	maintStop, maintDone chan struct{}
 }
 
 // Tables returns the loaded program's maps (its counters).

@@ -27,6 +27,7 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 		return err
 	}
 	l.file = f
+	l.startMaintenanceLocked(ctx)
 	if err := l.health.Apply(ctx, pools.HealthServices(vipServices(f))); err != nil {
 		return fmt.Errorf("health checks: %w", err)
 	}
@@ -120,10 +121,8 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		if newIndex(l.vipIDs, s.Name, id) {
 			put("zeroing the counters of VIP "+s.Name, l.fw.zeroCounter(l.fw.objs.VipStats, id))
 		}
-		// New flows go to the backends that may take them; when every one of those is
-		// down, to all of them (fail open, counted as panic: nothing re-picks then).
-		var hosts, downHosts []chash.Host
-		var hostSlots, downSlots []uint32
+		now := l.now()
+		var ms []member
 		for _, p := range plan[s.Name] {
 			down := l.unhealthyLocked(s, p.key, p.b)
 			bn, _ := toName(p.key)
@@ -133,28 +132,33 @@ func (l *Loader) applyLocked(f *pools.File) error {
 				// The slot changes hands: entries of its previous backend are misses.
 				gen++
 				put("zeroing the counters of "+p.key, l.fw.zeroCounter(l.fw.objs.BackendStats, p.slot))
+				put("zeroing the active connections of "+p.key, l.fw.objs.Active.Put(p.slot, int64(0)))
+				if l.file != nil {
+					l.joinedLocked(p.key, now) // a backend that joins ramps up
+				}
 			}
+			put("zone of "+p.key, l.fw.setZone(p.slot, p.b.Zone))
 			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down, Gen: gen}))
 			if p.b.ServerID != 0 {
 				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
 				serverIDs[lbServerKey{VipId: id, ServerId: uint32(p.b.ServerID)}] = p.slot
 			}
-			if p.b.Drain || s.ZoneDrained(p.b.Zone) {
-				continue
-			}
-			h := chash.Host{ID: p.b.Identity(), Weight: p.b.Weight}
-			if down {
-				downHosts, downSlots = append(downHosts, h), append(downSlots, p.slot)
-				continue
-			}
-			hosts, hostSlots = append(hosts, h), append(hostSlots, p.slot)
+			w, ramping := l.effectiveWeightLocked(s, p.key, p.b.Weight, now)
+			ms = append(ms, member{slot: p.slot, id: p.b.Identity(), zone: p.b.Zone, weight: w, ramping: ramping,
+				down: down, drain: p.b.Drain, zoneDrained: s.ZoneDrained(p.b.Zone)})
 		}
-		panicking := len(hosts) == 0 && len(downHosts) > 0
+		pick, global, panicking := candidates(ms, l.cfg.Zone, s.CrossZone)
 		if panicking {
-			hosts, hostSlots = downHosts, downSlots
 			l.log.Warn("every backend of the service is down: new flows go to all of them (panic)", zap.String("service", s.Name))
 		}
-		vip, err := l.vipOf(s, id, hosts, hostSlots)
+		inPick := map[uint32]uint32{}
+		for _, m := range pick {
+			inPick[m.slot] = m.weight
+		}
+		for _, m := range ms {
+			put("weight of "+s.Name+"/"+m.id, l.fw.SetWeight(m.slot, inPick[m.slot]))
+		}
+		vip, err := l.vipOf(s, id, pick, global)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -187,8 +191,11 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	return errors.Join(errs...)
 }
 
-// vipOf builds service s's VIP: its key, affinity and Maglev table over hosts.
-func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlots []uint32) (VIP, error) {
+// vipOf builds service s's VIP: its key, affinity, and tables. With balance maglev the
+// Maglev table spreads over pick (the backends new flows go to on this node); with
+// weighted_round_robin and weighted_least_conn new flows follow a schedule over pick, and
+// the Maglev table, for flows that started on another node, spreads over global.
+func (l *Loader) vipOf(s *pools.Service, id uint32, pick, global []member) (VIP, error) {
 	vip, _ := s.VIPAddrPort()
 	proto := uint8(6)
 	if s.Protocol == pools.ProtocolUDP {
@@ -198,28 +205,70 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, hosts []chash.Host, hostSlot
 	if size == 0 || size > MaxTableSize {
 		return VIP{}, fmt.Errorf("service %s: table_size %d: want 1..%d", s.Name, size, MaxTableSize)
 	}
+	v := VIP{ID: id, Addr: vip, Proto: proto, IdleTimeout: s.IdleTimeout}
+	hashed := pick
+	switch s.Balance {
+	case pools.BalanceRoundRobin, pools.BalanceLeastConn:
+		hashed = global
+		v.Flags = FlagWRR
+		if s.Balance == pools.BalanceLeastConn {
+			v.Flags = FlagWLC
+		}
+		ws := make([]uint32, len(pick))
+		for i, m := range pick {
+			ws[i] = m.weight
+			v.Pool = append(v.Pool, m.slot)
+		}
+		for _, i := range Schedule(ws) {
+			v.Schedule = append(v.Schedule, pick[i].slot)
+		}
+	}
+	table, err := maglevTable(hashed, size)
+	if err != nil {
+		return VIP{}, fmt.Errorf("service %s: %w", s.Name, err)
+	}
+	v.Table = table
+	switch s.Affinity.Mode {
+	case pools.ModeSourceIP:
+		v.Flags |= FlagSourceIP
+	case pools.ModeQUICCID:
+		v.Flags, v.CIDLength = v.Flags|FlagQUIC, uint32(s.Affinity.QUICCID.CIDLength)
+	}
+	return v, nil
+}
+
+// maglevTable is the Maglev table of size slots over ms, as backend slots. Weights are the
+// backends' own unless slow start holds one of them down (then every weight is in
+// weightScale units, ramped), so a table with no ramp in progress is the one every tier
+// builds from the pools file.
+func maglevTable(ms []member, size uint64) ([]uint32, error) {
 	table := make([]uint32, size)
-	if len(hosts) == 0 {
+	if len(ms) == 0 {
 		for i := range table {
 			table[i] = emptySlot
 		}
-	} else {
-		m, err := chash.NewMaglev(hosts, size)
-		if err != nil {
-			return VIP{}, fmt.Errorf("service %s: %w", s.Name, err)
-		}
-		for i, h := range m.Table() {
-			table[i] = hostSlots[h]
-		}
+		return table, nil
 	}
-	v := VIP{ID: id, Addr: vip, Proto: proto, Table: table, IdleTimeout: s.IdleTimeout}
-	switch s.Affinity.Mode {
-	case pools.ModeSourceIP:
-		v.Flags = FlagSourceIP
-	case pools.ModeQUICCID:
-		v.Flags, v.CIDLength = FlagQUIC, uint32(s.Affinity.QUICCID.CIDLength)
+	ramping := false
+	for _, m := range ms {
+		ramping = ramping || m.ramping
 	}
-	return v, nil
+	hosts := make([]chash.Host, len(ms))
+	for i, m := range ms {
+		w := m.weight
+		if !ramping {
+			w = max(1, (m.weight+weightScale/2)/weightScale)
+		}
+		hosts[i] = chash.Host{ID: m.id, Weight: w}
+	}
+	mt, err := chash.NewMaglev(hosts, size)
+	if err != nil {
+		return nil, err
+	}
+	for i, h := range mt.Table() {
+		table[i] = ms[h].slot
+	}
+	return table, nil
 }
 
 // unhealthyLocked: the checker's verdict, or until it has one, the last verdict known.
@@ -251,6 +300,9 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	defer l.mu.Unlock()
 	if l.external != nil || l.file == nil {
 		return // fed by a control plane: its verdicts, not this checker's, decide
+	}
+	if tr.Healthy && tr.From == health.Unhealthy {
+		l.recoveredLocked(service+"/"+tr.ID, tr.At) // slow start ramps it up from then
 	}
 	if err := l.applyLocked(l.file); err != nil {
 		l.log.Error("rebuilding tables", zap.Error(err))

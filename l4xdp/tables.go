@@ -21,12 +21,18 @@ const (
 	// FlagPanic: every backend of the VIP is down, so its table holds them all (fail open)
 	// and no flow re-picks for its backend being down.
 	FlagPanic = 4
+	// FlagWRR: new flows follow the VIP's Schedule (balance weighted_round_robin).
+	FlagWRR = 8
+	// FlagWLC: new flows go to the backend of Pool with the fewest active connections per
+	// weight (balance weighted_least_conn).
+	FlagWLC = 16
 )
 
 // pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and
 // `stickylb xdp stats`.
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
-	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic"}
+	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic",
+	"wrr", "wlc", "midstream"}
 
 const numPaths = uint32(len(pathNames))
 
@@ -70,6 +76,17 @@ type Options struct {
 	// InsertCap is the new entries each CPU may make per second (0: DefaultInsertCap;
 	// negative: no cap). Above it a new flow is forwarded by the table, not remembered.
 	InsertCap int
+	// Recount is how often the loader recounts active connections from the connection
+	// table, correcting what LRU evictions (which have no callback) leave (0:
+	// DefaultRecount).
+	Recount time.Duration
+}
+
+func (o Options) recount() time.Duration {
+	if o.Recount <= 0 {
+		return DefaultRecount
+	}
+	return o.Recount
 }
 
 func (o Options) tableSize() uint32 {
@@ -145,6 +162,13 @@ type VIP struct {
 	// Table is the Maglev table: slot -> backend index (see SetBackend). Its length is the
 	// table size, a prime up to MaxTableSize.
 	Table []uint32
+	// Schedule is the weighted round-robin sequence of backend indexes new flows follow
+	// (FlagWRR), or from which weighted least connections draws its candidates (FlagWLC);
+	// at most MaxTableSize entries.
+	Schedule []uint32
+	// Pool is the backends weighted least connections compares (FlagWLC); above
+	// WLCScan of them a pick compares two candidates drawn from Schedule.
+	Pool []uint32
 }
 
 func (v VIP) key(withPort bool) lbVipKey {
@@ -177,6 +201,9 @@ func (f *Tables) SetVIP(v VIP) error {
 	}
 	if err := f.objs.Maglev.Put(v.ID, inner); err != nil {
 		return fmt.Errorf("vip %s: installing its table: %w", v.Addr, err)
+	}
+	if err := f.setSchedule(v); err != nil {
+		return err
 	}
 	idle := v.IdleTimeout
 	if idle <= 0 {
@@ -295,6 +322,9 @@ func (f *Tables) PruneVIPs(keep []VIP) error {
 		if !wantID[id] {
 			if err := f.objs.Maglev.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				errs = append(errs, fmt.Errorf("removing the table of VIP %d: %w", id, err))
+			}
+			if err := f.objs.Schedules.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("removing the schedule of VIP %d: %w", id, err))
 			}
 		}
 	}

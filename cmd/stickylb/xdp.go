@@ -26,7 +26,7 @@ import (
 
 const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
-               [--conn-table-size N] [--conn-insert-cap N]
+               [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
                                                    the view from a control plane (stickylb xds)
@@ -54,7 +54,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	var xn xdsNode
 	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools")
 	fs.StringVar(&xn.nodeID, "node-id", "", "node id sent to the control plane (default HOST/xdp/IFACE)")
-	fs.StringVar(&xn.zone, "zone", "", "locality zone sent to the control plane")
+	fs.StringVar(&xn.zone, "zone", "", "this node's zone: with cross_zone false, new flows go to its zone's backends first; with --xds, sent to the control plane as the node's locality")
 	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
 	fs.StringVar(&xn.cert, "xds-cert", "", "client certificate (PEM) for mTLS")
 	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
@@ -65,8 +65,8 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
 		return 2
 	}
-	if xn.server == "" && (xn.nodeID != "" || xn.zone != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
-		fmt.Fprint(stderr, "stickylb xdp: --node-id, --zone and --xds-* go with --xds\n")
+	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
+		fmt.Fprint(stderr, "stickylb xdp: --node-id and --xds-* go with --xds\n")
 		return 2
 	}
 	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||
@@ -78,7 +78,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if capOpt == 0 {
 		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"
 	}
-	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot,
+	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot, Zone: xn.zone,
 		Tables: l4xdp.Options{ConnTableSize: uint32(*tableSize), InsertCap: capOpt}}
 	switch sub {
 	case "detach":
@@ -154,11 +154,13 @@ var (
 	descBackendPackets = prometheus.NewDesc("stickylb_xdp_backend_packets_total", "Packets forwarded to a backend.", []string{"service", "backend"}, nil)
 	descBackendBytes   = prometheus.NewDesc("stickylb_xdp_backend_bytes_total", "Bytes forwarded to a backend.", []string{"service", "backend"}, nil)
 	descConnTable      = prometheus.NewDesc("stickylb_xdp_conn_table_lookups_total", "Connection-table lookups of packets to a VIP.", []string{"result"}, nil)
+	descActiveBackend  = prometheus.NewDesc("stickylb_xdp_backend_active_connections", "Active connections of a backend, counted from the client side.", []string{"service", "backend"}, nil)
+	descActiveZone     = prometheus.NewDesc("stickylb_xdp_zone_active_connections", "Active connections to a zone's backends.", []string{"service", "zone"}, nil)
 	descInsertsRefused = prometheus.NewDesc("stickylb_xdp_conn_inserts_refused_total", "New flows forwarded but not remembered: a CPU's connection-table insert cap for the second was spent (flood guard).", nil, nil)
 )
 
 func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused} {
+	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused, descActiveBackend, descActiveZone} {
 		ch <- d
 	}
 }
@@ -184,6 +186,14 @@ func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
 		service, backend, _ := strings.Cut(k, "/")
 		counter(descBackendPackets, n.Packets, service, backend)
 		counter(descBackendBytes, n.Bytes, service, backend)
+	}
+	for k, n := range st.ActiveBackends {
+		service, backend, _ := strings.Cut(k, "/")
+		ch <- prometheus.MustNewConstMetric(descActiveBackend, prometheus.GaugeValue, float64(n), service, backend)
+	}
+	for k, n := range st.ActiveZones {
+		service, zone, _ := strings.Cut(k, "/")
+		ch <- prometheus.MustNewConstMetric(descActiveZone, prometheus.GaugeValue, float64(n), service, zone)
 	}
 	counter(descConnTable, st.Paths["conn_hit"].Packets, "hit")
 	counter(descConnTable, st.Paths["conn_miss"].Packets, "miss")

@@ -9,6 +9,8 @@
 #define MAGLEV_SIZE 65537 /* largest table; each VIP's own size is in vip_meta */
 #define MAX_CID 20
 #define NSEC_PER_SEC 1000000000ULL
+#define WLC_SCAN 16 /* weighted least connections scans pools up to this size; above it, the
+		     * weighted power of two choices */
 
 /* The constants the Go side mirrors are enums, each the type of a map key or a field, so
  * that they reach the object's BTF, where l4xdp's tests compare them with the Go ones. */
@@ -18,6 +20,8 @@ enum vip_flags {
 	F_QUIC = 2,   /* affinity quic_cid */
 	F_PANIC = 4,  /* every backend is down: the table holds them all (fail open), and no flow
 		       * re-picks for its backend being down */
+	F_WRR = 8,    /* balance weighted_round_robin: new flows follow the VIP's schedule */
+	F_WLC = 16,   /* balance weighted_least_conn: new flows to the least active per weight */
 };
 
 enum backend_flags {
@@ -32,6 +36,8 @@ enum backend_flags {
 enum conn_flags {
 	C_COUNTED = 1, /* counted in its backend's active connections (weighted least connections) */
 	C_NAT = 2,     /* a NAT flow: its translation lives beside it */
+	C_SYN = 4,     /* only the client's SYN seen so far: a SYN that finds the entry is a
+			* retransmission and follows it (and counts no second time) */
 };
 
 enum lb_path {
@@ -51,5 +57,10 @@ enum lb_path {
 	PATH_INSERT_REFUSED = 12, /* new flow forwarded but not remembered: the CPU's insert budget
 				   * for this second is spent (flood guard) */
 	PATH_PANIC = 13,      /* forwarded for a VIP in panic (every backend down: fail open) */
-	PATH_MAX = 16,
+	PATH_WRR = 14,        /* new flow picked by the weighted round-robin schedule */
+	PATH_WLC = 15,        /* new flow picked by weighted least connections */
+	PATH_MIDSTREAM = 16,  /* a TCP non-SYN miss of a WRR/WLC VIP (a flow that moved here from
+			       * another LB node): forwarded by the VIP's Maglev table, on which
+			       * every node agrees */
+	PATH_MAX = 24,
 };

@@ -36,12 +36,66 @@ struct {
 	__array(values, struct maglev_table);
 } maglev SEC(".maps");
 
+/* Weighted round-robin schedules (F_WRR, F_WLC): slot sequences built by the loader with
+ * the smooth weighted round robin, swapped whole as the Maglev tables are. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__array(values, struct maglev_table);
+} schedules SEC(".maps");
+
+/* Each CPU's position in each VIP's schedule: no shared cache line on the new-flow path;
+ * over any run of new flows the counts follow the weights within CPUs x the largest
+ * weight. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, __u32);
+} sched_pos SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct wlc_pool);
+} wlc_pools SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_BACKENDS);
 	__type(key, __u32);
 	__type(value, struct backend);
 } backends SEC(".maps");
+
+/* A backend's effective weight (slow start applied), for weighted least connections. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} weights SEC(".maps");
+
+/* Active connections per backend slot, shared by every CPU (atomic adds): +1 when a flow's
+ * entry is made counted (C_COUNTED), -1 when the flag is taken back (client FIN or RST, idle
+ * timeout, a SYN that replaces the entry). LRU evictions have no callback: the loader
+ * recounts from the table now and then. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, __s64);
+} active SEC(".maps");
+
+/* A backend slot's zone (written by the loader, never read here): `stickylb xdp stats` sums
+ * active connections per zone from the pinned maps alone. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct name);
+} backend_zones SEC(".maps");
 
 /* Shared by every CPU: veth delivers a flow's packets on whichever CPU sent them. Its size is
  * the loader's --conn-table-size (this is the default). */

@@ -44,6 +44,7 @@ static __always_inline void v4_mapped(__u8 *dst, __be32 addr)
 #define T_RST 1 /* TCP RST: forwarded, flow forgotten */
 #define T_SYN 2 /* TCP SYN without ACK: a new connection */
 #define T_ICMP 4 /* an ICMP error about the flow: routed, never inserted, no refresh */
+#define T_FIN 8  /* TCP FIN from the client: the connection stops counting as active */
 
 /* l4 fills the flow's ports from a TCP or UDP header at l4; returns the payload, or NULL
  * when the header is truncated. */
@@ -55,7 +56,7 @@ static __always_inline __u8 *l4(void *l4p, void *data_end, struct flow *f, int *
 			return NULL;
 		f->sport = t->source;
 		f->dport = t->dest;
-		*tflags = (t->rst ? T_RST : 0) | (t->syn && !t->ack ? T_SYN : 0);
+		*tflags = (t->rst ? T_RST : 0) | (t->syn && !t->ack ? T_SYN : 0) | (t->fin ? T_FIN : 0);
 		return (__u8 *)(t + 1);
 	}
 	struct udphdr *u = l4p;

@@ -83,3 +83,96 @@ static __always_inline int quic_pick(void *data_end, __u8 *payload, const struct
 	*h = hh;
 	return 0;
 }
+
+/* sched_at is entry i of the VIP's schedule (of pool->sched_len entries), or -1. */
+static __always_inline int sched_at(const struct vip_meta *vm, const struct wlc_pool *pool, __u32 i)
+{
+	__u32 id = vm->id;
+	void *table = bpf_map_lookup_elem(&schedules, &id);
+	if (!table || pool->sched_len == 0)
+		return -1;
+	__u32 slot = i % pool->sched_len;
+	__u32 *b = bpf_map_lookup_elem(table, &slot);
+	if (!b || *b == 0xffffffff)
+		return -1;
+	return *b;
+}
+
+/* wrr_next takes this CPU's next entry of the VIP's schedule. */
+static __always_inline int wrr_next(const struct vip_meta *vm, const struct wlc_pool *pool)
+{
+	__u32 id = vm->id;
+	__u32 *pos = bpf_map_lookup_elem(&sched_pos, &id);
+	if (!pos)
+		return -1;
+	__u32 i = *pos;
+	*pos = pool->sched_len ? (i + 1) % pool->sched_len : 0;
+	return sched_at(vm, pool, i);
+}
+
+static __always_inline __s64 active_of(__u32 slot)
+{
+	__s64 *a = bpf_map_lookup_elem(&active, &slot);
+	return a && *a > 0 ? *a : 0;
+}
+
+static __always_inline __u64 weight_of(__u32 slot)
+{
+	__u32 *w = bpf_map_lookup_elem(&weights, &slot);
+	return w ? *w : 0;
+}
+
+/* lighter says whether slot a's active connections per weight are below b's (cross-multiplied:
+ * a/wa < b/wb). A weight of 0 never wins. */
+static __always_inline int lighter(__u32 a, __u32 b)
+{
+	__u64 wa = weight_of(a), wb = weight_of(b);
+	if (wa == 0)
+		return 0;
+	if (wb == 0)
+		return 1;
+	return (__u64)active_of(a) * wb < (__u64)active_of(b) * wa;
+}
+
+/* wrr_pick: weighted round robin, this CPU's next schedule entry. */
+static __always_inline int wrr_pick(const struct vip_meta *vm)
+{
+	__u32 id = vm->id;
+	struct wlc_pool *pool = bpf_map_lookup_elem(&wlc_pools, &id);
+	if (!pool)
+		return -1;
+	return wrr_next(vm, pool);
+}
+
+/* wlc_pick: weighted least connections. The first candidate is this CPU's next schedule
+ * entry, so ties (every count equal, as between sequential connections) follow the weights
+ * in a smooth order. A pool of up to WLC_SCAN backends is scanned whole; a larger one is
+ * the weighted power of two choices: a second candidate sampled from the schedule (so in
+ * proportion to weight) at random, the lighter of the two wins. Either way a pick looks at
+ * WLC_SCAN backends at most. */
+static __always_inline int wlc_pick(const struct vip_meta *vm)
+{
+	__u32 id = vm->id;
+	struct wlc_pool *pool = bpf_map_lookup_elem(&wlc_pools, &id);
+	if (!pool)
+		return -1;
+	int first = wrr_next(vm, pool);
+	if (first < 0)
+		return -1;
+	__u32 best = first;
+	if (pool->n == 0) {
+		int other = sched_at(vm, pool, bpf_get_prandom_u32());
+		if (other >= 0 && lighter(other, best))
+			best = other;
+		return best;
+	}
+#pragma unroll
+	for (int i = 0; i < WLC_SCAN; i++) {
+		if (i >= pool->n)
+			break;
+		__u32 s = pool->slots[i];
+		if (lighter(s, best))
+			best = s;
+	}
+	return best;
+}

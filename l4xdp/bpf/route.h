@@ -60,39 +60,99 @@ static __always_inline int insert_allowed(__u64 now)
 	return 1;
 }
 
-/* route sends a flow of a VIP: connection table first, then Maglev. A SYN skips the table,
- * as in Katran: a new connection that reuses a 5-tuple must not follow a stale entry to a
- * backend that has left the table (found dead, say); a retransmitted SYN hashes the same.
+/* uncount takes entry c out of its backend's active connections, once: of every CPU that
+ * sees the flag set, only the one whose atomic clear found it set subtracts. A slot that
+ * changed hands since (another generation) had its count reset by the loader. */
+static __always_inline void uncount(struct conn *c, const struct backend *b)
+{
+	if (!(c->flags & C_COUNTED))
+		return;
+	__u32 old = __sync_fetch_and_and((__u32 *)&c->flags, ~(__u32)C_COUNTED);
+	if (!(old & C_COUNTED) || !b || c->gen != b->gen)
+		return;
+	__u32 slot = c->backend;
+	__s64 *a = bpf_map_lookup_elem(&active, &slot);
+	if (a)
+		__sync_fetch_and_add(a, -1);
+}
+
+static __always_inline void count_active(__u32 slot)
+{
+	__s64 *a = bpf_map_lookup_elem(&active, &slot);
+	if (a)
+		__sync_fetch_and_add(a, 1);
+}
+
+/* route sends a flow of a VIP: connection table first, then the pick. A SYN uses its entry
+ * only while that entry holds a handshake in progress (C_SYN) to a backend that still takes
+ * new flows: a retransmitted SYN; a new connection that reuses a 5-tuple re-picks, as in Katran, so it
+ * never follows a stale entry to a backend that has left the table. An entry a packet finds
+ * unusable is taken out of the counts and removed, and the new one inserted only if absent,
+ * so each connection is counted once however many CPUs see its SYN. A TCP non-SYN miss of a
+ * WRR or WLC VIP goes by the Maglev table (a flow that moved here from another node).
  * ICMP errors and RSTs never insert; other inserts are capped per CPU. */
 static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct flow *f, const struct vip_meta *vm,
 				 __u8 *payload, int tflags, __u64 len)
 {
 	void *data_end = (void *)(long)ctx->data_end;
 	int rst = tflags & T_RST;
+	int syn = tflags & T_SYN;
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct conn *c = (tflags & T_SYN) ? NULL : bpf_map_lookup_elem(&conns, f);
+	struct conn *c = bpf_map_lookup_elem(&conns, f);
 	struct backend *b;
 	if (c) {
 		__u32 bidx = c->backend;
 		b = bpf_map_lookup_elem(&backends, &bidx);
-		if (b && conn_usable(c, b, vm, f->proto, now)) {
+		int usable = b && conn_usable(c, b, vm, f->proto, now);
+		/* A SYN follows only a handshake in progress (a retransmission) to a backend that
+		 * still takes new flows; on an established entry it is a new connection. */
+		if (usable && syn &&
+		    (!(c->flags & C_SYN) || !(c->flags & C_COUNTED) || weight_of(bidx) == 0 ||
+		     ((b->flags & B_DOWN) && !(vm->flags & F_PANIC))))
+			usable = 0;
+		if (usable) {
 			count(&path_stats, PATH_CONN_HIT, len);
 			if (rst) {
 				count(&path_stats, PATH_TCP_RST, len);
+				uncount(c, b);
 				bpf_map_delete_elem(&conns, f);
-			} else if (!(tflags & T_ICMP) && now > c->last_seen + NSEC_PER_SEC) {
-				c->last_seen = now;
+			} else if (!(tflags & T_ICMP)) {
+				if (tflags & T_FIN)
+					uncount(c, b);
+				if (!syn && (c->flags & C_SYN))
+					__sync_fetch_and_and((__u32 *)&c->flags, ~(__u32)C_SYN);
+				if (now > c->last_seen + NSEC_PER_SEC)
+					c->last_seen = now;
 			}
 			if (vm->flags & F_PANIC)
 				count(&path_stats, PATH_PANIC, len);
 			return forward(ctx, eth, b, bidx, vm->id, len);
 		}
 		count(&path_stats, PATH_CONN_STALE, len);
+		if (!(tflags & T_ICMP)) {
+			uncount(c, b);
+			bpf_map_delete_elem(&conns, f);
+		}
 	}
 	count(&path_stats, PATH_CONN_MISS, len);
 	__u32 h = 0, bidx = 0;
 	int decided = -1;
-	if ((vm->flags & F_QUIC) && payload) {
+	int algo = vm->flags & (F_WRR | F_WLC);
+	if (algo && ((tflags & T_ICMP) || (f->proto == IPPROTO_TCP && !syn))) {
+		count(&path_stats, PATH_MIDSTREAM, len);
+		algo = 0;
+	}
+	if (algo) {
+		int p = (vm->flags & F_WLC) ? wlc_pick(vm) : wrr_pick(vm);
+		if (p < 0) {
+			count(&path_stats, PATH_NO_BACKEND, len);
+			return XDP_DROP;
+		}
+		count(&path_stats, (vm->flags & F_WLC) ? PATH_WLC : PATH_WRR, len);
+		bidx = p;
+		decided = 1;
+	}
+	if (decided < 0 && (vm->flags & F_QUIC) && payload) {
 		decided = quic_pick(data_end, payload, vm, &bidx, &h);
 		if (decided == 1)
 			count(&path_stats, PATH_QUIC_SERVER_ID, len);
@@ -116,8 +176,24 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		count(&path_stats, PATH_TCP_RST, len);
 	} else if (!(tflags & T_ICMP)) {
 		if (insert_allowed(now)) {
-			struct conn nc = {.backend = bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now};
-			bpf_map_update_elem(&conns, f, &nc, BPF_ANY);
+			/* A FIN opens no connection to count. */
+			struct conn nc = {.backend = bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now,
+					  .flags = (tflags & T_FIN) ? 0 : C_COUNTED | (syn ? C_SYN : 0)};
+			if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) == 0) {
+				if (nc.flags & C_COUNTED)
+					count_active(bidx);
+			} else {
+				/* Another CPU inserted the flow first (the same SYN twice): go where it went. */
+				struct conn *o = bpf_map_lookup_elem(&conns, f);
+				if (o) {
+					__u32 oidx = o->backend;
+					struct backend *ob = bpf_map_lookup_elem(&backends, &oidx);
+					if (ob && (ob->flags & B_ALIVE)) {
+						bidx = oidx;
+						b = ob;
+					}
+				}
+			}
 		} else {
 			count(&path_stats, PATH_INSERT_REFUSED, len);
 		}

@@ -20,6 +20,15 @@ struct vip_meta {
 	__u32 idle_timeout; /* seconds a flow of this VIP may send nothing and keep its entry */
 };
 
+/* A VIP's schedule length and weighted-least-connections pool: the slots new flows may go to
+ * (n <= WLC_SCAN; 0: the pool is larger, so picks sample the schedule twice: weighted power
+ * of two choices). Kept apart from vip_meta, whose layout a restarted loader adopts. */
+struct wlc_pool {
+	__u32 sched_len; /* entries of the VIP's weighted round-robin schedule (F_WRR, F_WLC) */
+	__u32 n;
+	__u32 slots[WLC_SCAN];
+};
+
 struct backend {
 	__u8 mac[6];
 	__u16 pad;

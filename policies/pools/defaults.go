@@ -12,12 +12,13 @@ package pools
 //	affinity.cookie            mode cookie: name lb_session, path /
 //	affinity.app_cookie.mode   prefix
 //	affinity.quic_cid          mode quic_cid: cid_length 8
-//	balance                    maglev for VIP services (the XDP forwarder
-//	                           only has Maglev); ring_hash for keyed modes
+//	balance                    maglev for VIP services (the one every XDP
+//	                           node agrees on behind ECMP); ring_hash for keyed modes
 //	                           (the one hash Caddy, Envoy and gRPC share);
 //	                           weighted_least_conn otherwise
 //	idle_timeout               vip services: udp 300s, tcp 900s
-//	hash.table_size            maglev: 65537
+//	hash.table_size            maglev, and vip services of any balance
+//	                           (their Maglev table of moved flows): 65537
 //	hash.min/max_ring_size     maglev and ring_hash: 1024 / 4096 (gRPC's cap)
 //	hash.bounded_load          0 (off: bounded load trades agreement away)
 //	slow_start                 aggression 1.0, min_weight_percent 10
@@ -101,6 +102,9 @@ func defaultBalance(s *Service) {
 		default:
 			s.Balance = BalanceLeastConn
 		}
+	}
+	if s.vipTableOnly() && s.Hash.TableSize == 0 {
+		s.Hash.TableSize = DefaultTableSize
 	}
 	if s.Balance == BalanceMaglev || s.Balance == BalanceRingHash {
 		h := &s.Hash

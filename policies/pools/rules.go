@@ -220,15 +220,17 @@ func (d *decoder) validateBalance(st *svcState) {
 	s, a := st.s, &st.s.Affinity
 	hashing := s.hashing()
 	if st.good("balance") && st.modeOK() {
-		if a.Keyed() && !hashing {
+		switch {
+		case a.Keyed() && s.VIP != "" && s.Balance != BalanceMaglev:
+			d.errorf(st.pos("balance"), "affinity %s hashes its key, so a vip service must use balance maglev, not %s", a.Mode, s.Balance)
+		case a.Keyed() && !hashing:
 			what := a.Mode
 			if a.Mode == ModeAppCookie {
 				what = "app_cookie learn"
 			}
 			d.errorf(st.pos("balance"), "affinity %s hashes its key, so balance must be maglev or ring_hash, not %s", what, s.Balance)
-		}
-		if s.VIP != "" && s.Balance != BalanceMaglev {
-			d.errorf(st.pos("balance"), "a vip service must use balance maglev (the XDP forwarder's tables), not %s", s.Balance)
+		case s.VIP != "" && !s.vipBalance():
+			d.errorf(st.pos("balance"), "a vip service's balance is maglev, weighted_round_robin or weighted_least_conn (the XDP forwarder's), not %s", s.Balance)
 		}
 		if s.Protocol == ProtocolGRPC && s.Balance == BalanceMaglev {
 			d.warnf(st.pos("balance"), "gRPC clients have no Maglev: they use the ring_hash fallback, so they and Envoy nodes pick differently; use ring_hash where both serve")
@@ -239,11 +241,35 @@ func (d *decoder) validateBalance(st *svcState) {
 	}
 }
 
+// vipBalance reports whether the XDP forwarder has s's balance.
+func (s *Service) vipBalance() bool {
+	return s.Balance == BalanceMaglev || s.Balance == BalanceRoundRobin || s.Balance == BalanceLeastConn
+}
+
+// vipTableOnly: a vip service whose new flows are not hashed still has a Maglev table, for
+// the flows that reach a node they did not start on; its hash block sets only table_size.
+func (s *Service) vipTableOnly() bool {
+	return s.VIP != "" && (s.Balance == BalanceRoundRobin || s.Balance == BalanceLeastConn)
+}
+
 // validateHash: the hash block against the balance, and its sizes against each other.
 func (d *decoder) validateHash(st *svcState) {
 	s, hashing := st.s, st.s.hashing()
-	if st.has("hash") && st.good("balance") && !hashing {
+	if st.has("hash") && st.good("balance") && !hashing && !s.vipTableOnly() {
 		d.errorf(st.keyPos("hash"), "hash applies to balance maglev and ring_hash, not %s", s.Balance)
+	}
+	if s.vipTableOnly() {
+		for _, f := range []string{"min_ring_size", "max_ring_size", "virtual_nodes", "bounded_load"} {
+			if st.has("hash." + f) {
+				d.errorf(st.keyPos("hash."+f), "hash %s does not apply to a %s vip service: its hash block sets only table_size (the Maglev table of flows that moved between LB nodes)", f, s.Balance)
+			}
+		}
+		if st.good("hash.table_size") && s.Hash.TableSize > MaxVIPTableSize {
+			d.errorf(st.pos("hash.table_size"), "table_size %d: a vip service's Maglev table holds at most %d slots (the XDP forwarder's largest)", s.Hash.TableSize, MaxVIPTableSize)
+		}
+		if st.good("hash.table_size") && uint64(len(s.Backends)) > s.Hash.TableSize {
+			d.errorf(st.pos("hash.table_size"), "table_size %d is smaller than the %d backends", s.Hash.TableSize, len(s.Backends))
+		}
 	}
 	if hashing {
 		h := s.Hash
@@ -268,8 +294,14 @@ func (d *decoder) validateHash(st *svcState) {
 
 func (d *decoder) validateSlowStart(st *svcState) {
 	s := st.s
-	if st.has("slow_start") && st.good("balance") && s.Balance != BalanceLeastConn && s.Balance != BalanceRoundRobin {
-		d.errorf(st.keyPos("slow_start"), "slow_start applies to weighted_least_conn and weighted_round_robin (Envoy ramps only those), not %s", s.Balance)
+	if !st.has("slow_start") || !st.good("balance") || s.Balance == BalanceLeastConn || s.Balance == BalanceRoundRobin {
+		return
+	}
+	switch {
+	case s.VIP == "" || s.Balance != BalanceMaglev:
+		d.errorf(st.keyPos("slow_start"), "slow_start applies to weighted_least_conn and weighted_round_robin (Envoy ramps only those), and to vip services with maglev (the XDP forwarder ramps its tables), not %s", s.Balance)
+	case s.Listen != "":
+		d.warnf(st.keyPos("slow_start"), "slow_start with maglev ramps the XDP forwarder's tables only: Envoy's Maglev does not ramp, so the listener's backends take their full share at once")
 	}
 }
 

@@ -99,7 +99,11 @@ func TestEveryRule(t *testing.T) {
 		// Balance and hash.
 		{"keyed needs hash", http("    affinity: {mode: header, header: {name: x}}\n    balance: weighted_least_conn\n" + one), "5:14", "affinity header hashes its key, so balance must be maglev or ring_hash, not weighted_least_conn"},
 		{"learn needs hash", http("    affinity: {mode: app_cookie, app_cookie: {name: J, mode: learn}}\n    balance: weighted_round_robin\n" + one), "5:14", "affinity app_cookie learn hashes its key"},
-		{"vip needs maglev", svc("    protocol: tcp\n    vip: 10.9.9.9:80\n    balance: ring_hash\n" + one), "5:14", "a vip service must use balance maglev"},
+		{"vip balance", svc("    protocol: tcp\n    vip: 10.9.9.9:80\n    balance: ring_hash\n" + one), "5:14", "a vip service's balance is maglev, weighted_round_robin or weighted_least_conn"},
+		{"vip source_ip needs maglev", svc("    protocol: tcp\n    vip: 10.9.9.9:80\n    affinity: {mode: source_ip}\n    balance: weighted_round_robin\n" + one), "6:14", "affinity source_ip hashes its key, so a vip service must use balance maglev, not weighted_round_robin"},
+		{"vip quic_cid needs maglev", svc("    protocol: udp\n    vip: 10.9.9.9:443\n    affinity: {mode: quic_cid}\n    balance: weighted_least_conn\n    backends: [{address: 10.0.0.1:443}]\n"), "6:14", "affinity quic_cid hashes its key, so a vip service must use balance maglev"},
+		{"vip wrr ring sizes", svc("    protocol: tcp\n    vip: 10.9.9.9:80\n    balance: weighted_round_robin\n    hash: {min_ring_size: 10}\n" + one), "6:12", "hash min_ring_size does not apply to a weighted_round_robin vip service"},
+		{"vip wlc table too large", svc("    protocol: tcp\n    vip: 10.9.9.9:80\n    balance: weighted_least_conn\n    hash: {table_size: 131071}\n" + one), "6:24", "table_size 131071: a vip service's Maglev table holds at most 65537 slots"},
 		{"hash without hashing", http("    balance: weighted_least_conn\n    hash: {min_ring_size: 10}\n" + one), "5:5", "hash applies to balance maglev and ring_hash, not weighted_least_conn"},
 		{"table size with ring", http("    balance: ring_hash\n    hash: {table_size: 65537}\n" + one), "5:12", "hash table_size applies to balance maglev"},
 		{"table size range", http("    balance: maglev\n    hash: {table_size: 1}\n" + one), "5:24", "table_size 1 out of range: want a prime up to 5000011"},
@@ -116,7 +120,7 @@ func TestEveryRule(t *testing.T) {
 		{"slow start negative window", http("    slow_start: {window: -1s}\n" + one), "4:26", "slow_start window -1s: want 0 or more"},
 		{"slow start aggression", http("    slow_start: {window: 1s, aggression: 0}\n" + one), "4:42", "slow_start aggression 0: want more than 0"},
 		{"slow start min weight", http("    slow_start: {window: 1s, min_weight_percent: 101}\n" + one), "4:50", "slow_start min_weight_percent 101 out of range 0..100"},
-		{"slow start with hashing", http("    balance: maglev\n    slow_start: {window: 10s}\n" + one), "5:5", "slow_start applies to weighted_least_conn and weighted_round_robin"},
+		{"slow start with hashing", http("    balance: maglev\n    slow_start: {window: 10s}\n" + one), "5:5", "slow_start applies to weighted_least_conn and weighted_round_robin (Envoy ramps only those), and to vip services with maglev"},
 		// Health checks.
 		{"bad health protocol", http("    health_check: {protocol: udp}\n" + one), "4:30", "health_check protocol \"udp\": want http, tcp or icmp"},
 		{"bad health path", http("    health_check: {path: healthz}\n" + one), "4:26", "health_check path \"healthz\": want an absolute path"},

@@ -1,7 +1,8 @@
 // Package zones spreads traffic across availability zones: with cross-zone balancing on, a
 // load-balancer node spreads over the healthy backends of every zone; off, only over its own
 // zone's, failing over to the others when its zone has none left. Drained zones (a zone
-// shift) take no new traffic but keep their existing sessions.
+// shift) take no new traffic while another zone has a healthy backend (they are the last
+// resort), and keep their existing sessions.
 //
 // Shares computes the resulting share of all traffic per backend (what an operator checks,
 // and what the tests check on a two-zone example). Localities gives the same policy as Envoy
@@ -23,8 +24,12 @@ type Backend struct {
 }
 
 func (b Backend) takesNew(drained map[string]bool) bool {
-	return b.Healthy && !b.Drain && b.Weight > 0 && !drained[b.Zone]
+	return b.usable() && !drained[b.Zone]
 }
+
+// usable: the backend could take new traffic, its zone's drain aside (a drained zone is
+// the last resort).
+func (b Backend) usable() bool { return b.Healthy && !b.Drain && b.Weight > 0 }
 
 // Node is a zone's group of load-balancer nodes and the share of all client traffic that
 // reaches them (in a two-zone fleet with even DNS weights, half each).
@@ -60,7 +65,7 @@ func Shares(nodes []Node, backends []Backend, p Policy) map[string]float64 {
 	spread := func(traffic float64, pick func(Backend) bool) bool {
 		total := 0.0
 		for _, b := range backends {
-			if b.takesNew(drained) && pick(b) {
+			if pick(b) {
 				total += b.Weight
 			}
 		}
@@ -68,21 +73,22 @@ func Shares(nodes []Node, backends []Backend, p Policy) map[string]float64 {
 			return false
 		}
 		for _, b := range backends {
-			if b.takesNew(drained) && pick(b) {
+			if pick(b) {
 				out[b.ID] += traffic * b.Weight / total
 			}
 		}
 		return true
 	}
 	for _, n := range nodes {
-		if p.CrossZone {
-			spread(n.Traffic, func(Backend) bool { return true })
+		// Own zone first (cross-zone off), then every other zone (failover), then, as a
+		// last resort on every tier, the drained zones.
+		if !p.CrossZone && spread(n.Traffic, func(b Backend) bool { return b.takesNew(drained) && b.Zone == n.Zone }) {
 			continue
 		}
-		if !spread(n.Traffic, func(b Backend) bool { return b.Zone == n.Zone }) {
-			// Failover: the node's zone has nothing left, the other zones take its traffic.
-			spread(n.Traffic, func(b Backend) bool { return b.Zone != n.Zone })
+		if spread(n.Traffic, func(b Backend) bool { return b.takesNew(drained) }) {
+			continue
 		}
+		spread(n.Traffic, func(b Backend) bool { return b.usable() && drained[b.Zone] })
 	}
 	return out
 }

@@ -108,3 +108,18 @@ func TestLocalities(t *testing.T) {
 		}
 	}
 }
+
+// A drained zone is the last resort, as the xDS tier's lowest priority is: it takes the
+// traffic only once no other zone has a healthy backend.
+func TestDrainedZoneIsLastResort(t *testing.T) {
+	nodes := []Node{{Zone: "a", Traffic: 0.5}, {Zone: "b", Traffic: 0.5}}
+	bs := []Backend{{ID: "a1", Zone: "a", Weight: 1, Healthy: true}, {ID: "b1", Zone: "b", Weight: 1, Healthy: true}}
+	p := Policy{CrossZone: false, DrainedZones: []string{"a"}}
+	if got := Shares(nodes, bs, p); got["a1"] != 0 || got["b1"] != 1 {
+		t.Errorf("zone a drained, b healthy: %v, want all on b1", got)
+	}
+	bs[1].Healthy = false
+	if got := Shares(nodes, bs, p); got["a1"] != 1 || got["b1"] != 0 {
+		t.Errorf("zone a drained, b down: %v, want all on a1 (last resort)", got)
+	}
+}

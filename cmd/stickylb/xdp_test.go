@@ -128,7 +128,8 @@ func TestXDPConnTableFlags(t *testing.T) {
 	}
 }
 
-// --xds and --pools exclude each other, the node flags need --xds, and TLS files that
+// --xds and --pools exclude each other, the node flags (--zone aside: the pools mode uses it
+// too) need --xds, and TLS files that
 // cannot be read fail at start (not in a retry loop): a clear message and exit status 2.
 func TestXDPXDSFlags(t *testing.T) {
 	p := write(t, "pools.yaml", xdpPools)
@@ -137,7 +138,7 @@ func TestXDPXDSFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--pools", p, "--xds", "127.0.0.1:18000", "--iface", "lo"}, "--pools and --xds exclude each other"},
-		{[]string{"--pools", p, "--zone", "a", "--iface", "lo"}, "go with --xds"},
+		{[]string{"--pools", p, "--node-id", "h/xdp/lo", "--iface", "lo"}, "go with --xds"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-ca", "/nonexistent/ca.pem", "--iface", "lo"}, "reading the CA file"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-cert", "n.pem", "--iface", "lo"}, "certificate and key go together"},
 	} {

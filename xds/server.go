@@ -43,6 +43,14 @@ type nodeState struct {
 	rejected string
 }
 
+// testHooks are called, when set, at points tests interleave on.
+type testHooks struct {
+	// refreshRead runs once Refresh knows which file it will publish.
+	refreshRead func()
+	// updateQueued runs when an Update waits for a build in progress to finish.
+	updateQueued func()
+}
+
 // Server serves one pools file to every node, per node locality.
 type Server struct {
 	log   *zap.Logger
@@ -54,7 +62,12 @@ type Server struct {
 	// mutate, when set, edits every translation before validation (tests use it to serve
 	// resources a client rejects).
 	mutate func(*Resources)
+	// hooks are test seams at the points where interleavings matter.
+	hooks testHooks
 
+	// buildMu orders reloads and refreshes: each reads the file it publishes and publishes it
+	// while holding it, so a refresh can never put back a file a reload replaced.
+	buildMu sync.Mutex
 	mu      sync.Mutex
 	file    *pools.File
 	version int
@@ -228,6 +241,24 @@ func (s *Server) nack(id, typeURL, nonce, detail string) {
 
 // Update replaces the pools file (a reload) and pushes a new version to every node.
 func (s *Server) Update(f *pools.File) error {
+	s.lockBuild()
+	defer s.buildMu.Unlock()
+	return s.publish(f)
+}
+
+// lockBuild takes buildMu, telling the test hook when it has to wait for it.
+func (s *Server) lockBuild() {
+	if s.buildMu.TryLock() {
+		return
+	}
+	if s.hooks.updateQueued != nil {
+		s.hooks.updateQueued()
+	}
+	s.buildMu.Lock()
+}
+
+// publish builds f for every node and serves it; buildMu is held.
+func (s *Server) publish(f *pools.File) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Build for every node before changing anything: an edit that does not translate keeps
@@ -261,8 +292,16 @@ func (s *Server) Update(f *pools.File) error {
 }
 
 // Refresh rebuilds every node's snapshot from the current file (a health transition).
+// It publishes the file current when it starts, under the same order as Update, so a
+// reload that runs meanwhile is applied after it and never undone by it.
 func (s *Server) Refresh() error {
-	return s.Update(s.currentFile())
+	s.lockBuild()
+	defer s.buildMu.Unlock()
+	f := s.currentFile()
+	if s.hooks.refreshRead != nil {
+		s.hooks.refreshRead()
+	}
+	return s.publish(f)
 }
 
 func (s *Server) currentFile() *pools.File {

@@ -1,0 +1,79 @@
+package xds
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.uber.org/zap/zaptest"
+)
+
+// endpointCount is how many endpoints service svc-0 has in what the cache holds for key.
+func endpointCount(t *testing.T, s *Server, key string) int {
+	t.Helper()
+	snap, err := s.cache.GetSnapshot(key)
+	if err != nil {
+		t.Fatalf("no snapshot for %s: %v", key, err)
+	}
+	cla, ok := snap.GetResources(resource.EndpointType)["svc-0"].(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		t.Fatal("no svc-0 endpoints")
+	}
+	n := 0
+	for _, l := range cla.Endpoints {
+		n += len(l.LbEndpoints)
+	}
+	return n
+}
+
+// TestRefreshNeverRestoresAReplacedFile: a health refresh that has read the current file
+// while a reload replaces it must not publish the old file over the new one. The hook runs
+// the reload in the refresh's window and waits until the reload has either finished (the
+// old code: nothing orders them) or queued behind the refresh.
+func TestRefreshNeverRestoresAReplacedFile(t *testing.T) {
+	old, next := bigPools(t, 1, 3, 8080), bigPools(t, 1, 6, 8080)
+	s := NewServer(t.Context(), old, nil, zaptest.NewLogger(t))
+	key := s.testNode(t, "race-node", "zone-a")
+	queued := make(chan struct{}, 1)
+	s.hooks.updateQueued = func() { queued <- struct{}{} }
+	reloaded := make(chan error, 1)
+	s.hooks.refreshRead = func() {
+		s.hooks.refreshRead = nil
+		go func() { reloaded <- s.Update(next) }()
+		select {
+		case err := <-reloaded:
+			reloaded <- err
+		case <-queued:
+		case <-time.After(10 * time.Second):
+			t.Error("the reload neither finished nor queued")
+		}
+	}
+	if err := s.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-reloaded:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reload never finished")
+	}
+	if s.currentFile() != next {
+		t.Errorf("the server's file is the replaced one")
+	}
+	if n := endpointCount(t, s, key); n != 6 {
+		t.Errorf("the node is served %d endpoints of svc-0; the reload's file has 6 (the replaced one 3)", n)
+	}
+}
+
+// testNode subscribes a node without a stream, as the first request of one would, and
+// returns the key its snapshot is cached under.
+func (s *Server) testNode(t *testing.T, id, zone string) string {
+	t.Helper()
+	s.ensureNode(&corev3.Node{Id: id, Locality: &corev3.Locality{Zone: zone}})
+	return fmt.Sprint(id)
+}

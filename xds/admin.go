@@ -22,7 +22,10 @@ func (s *Server) AdminHandler() http.Handler {
 	counter := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
-	gauge("stickylb_xds_nodes", "Nodes that have subscribed.", func() float64 { return float64(len(s.Nodes())) })
+	gauge("stickylb_xds_nodes", "Node ids that hold at least one stream.", func() float64 { return float64(len(s.Nodes())) })
+	gauge("stickylb_xds_streams", "Open xDS streams.", func() float64 { return float64(s.Streams()) })
+	counter("stickylb_xds_unknown_zone_streams_total", "Streams of a zone the pools file does not name (served the cross-zone view).", func() float64 { return float64(s.Stats.UnknownZone.Load()) })
+	counter("stickylb_xds_refused_streams_total", "Streams refused (node cap, identity).", func() float64 { return float64(s.Stats.Refused.Load()) })
 	counter("stickylb_xds_pushes_total", "Responses sent to nodes.", func() float64 { return float64(s.Stats.Pushes.Load()) })
 	counter("stickylb_xds_nacks_total", "Snapshots a node rejected (counted once per push).", func() float64 { return float64(s.Stats.NACKs.Load()) })
 	counter("stickylb_xds_rollbacks_total", "Nodes returned to their last acknowledged snapshot.", func() float64 { return float64(s.Stats.Rollbacks.Load()) })
@@ -42,6 +45,7 @@ func (s *Server) AdminHandler() http.Handler {
 
 type nodeDump struct {
 	Node      string                       `json:"node"`
+	Stream    int64                        `json:"stream"`
 	Zone      string                       `json:"zone"`
 	Version   string                       `json:"version"`
 	Acked     string                       `json:"acked_version,omitempty"`
@@ -52,15 +56,18 @@ func (s *Server) configDump() []nodeDump {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []nodeDump{}
-	for id, ns := range s.nodes {
-		d := nodeDump{Node: id, Zone: ns.node.Zone, Resources: map[string][]json.RawMessage{}}
-		if ns.acked != nil {
-			d.Acked = ns.acked.GetVersion(resource.ClusterType)
+	for _, st := range s.streams {
+		if !st.admitted {
+			continue
 		}
-		if ns.current != nil {
-			d.Version = ns.current.GetVersion(resource.ClusterType)
+		d := nodeDump{Node: st.node.ID, Stream: st.id, Zone: st.node.Zone, Resources: map[string][]json.RawMessage{}}
+		if st.acked != nil {
+			d.Acked = st.acked.GetVersion(resource.ClusterType)
+		}
+		if st.current != nil {
+			d.Version = st.current.GetVersion(resource.ClusterType)
 			for _, t := range typeURLs {
-				for _, r := range ns.current.GetResources(t) {
+				for _, r := range st.current.GetResources(t) {
 					b, err := protojson.Marshal(r.(proto.Message))
 					if err == nil {
 						d.Resources[t] = append(d.Resources[t], b)
@@ -70,6 +77,11 @@ func (s *Server) configDump() []nodeDump {
 		}
 		out = append(out, d)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Node != out[j].Node {
+			return out[i].Node < out[j].Node
+		}
+		return out[i].Stream < out[j].Stream
+	})
 	return out
 }

@@ -1,7 +1,7 @@
 package xds
 
 import (
-	"fmt"
+	"context"
 	"testing"
 	"time"
 
@@ -70,10 +70,19 @@ func TestRefreshNeverRestoresAReplacedFile(t *testing.T) {
 	}
 }
 
-// testNode subscribes a node without a stream, as the first request of one would, and
-// returns the key its snapshot is cached under.
+// testNode opens a stream without a transport, as the server's callbacks would for a real
+// one, sends its first request and returns the key its snapshot is cached under.
 func (s *Server) testNode(t *testing.T, id, zone string) string {
 	t.Helper()
-	s.ensureNode(&corev3.Node{Id: id, Locality: &corev3.Locality{Zone: zone}})
-	return fmt.Sprint(id)
+	s.mu.Lock()
+	sid := -int64(len(s.streams)) - 1 // below the ids go-control-plane hands out
+	s.mu.Unlock()
+	if err := s.open(context.Background(), sid); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.request(sid, &corev3.Node{Id: id, Locality: &corev3.Locality{Zone: zone}}, resource.ClusterType, "", "", false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.GetId()
 }

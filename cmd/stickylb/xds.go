@@ -29,6 +29,7 @@ type xdsOptions struct {
 	pools, listen, admin      string
 	tlsCert, tlsKey, clientCA string
 	poll                      time.Duration
+	maxNodes                  int
 }
 
 func xdsCmd(args []string, stderr io.Writer) int {
@@ -42,6 +43,7 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
 	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
+	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -87,7 +89,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	defer mon.Stop()
-	s = xds.NewServer(ctx, f, mon.View, log)
+	s = xds.NewServer(ctx, f, mon.View, log, xds.WithMaxNodes(o.maxNodes))
 	if err := mon.Apply(ctx, f.Services); err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return 1

@@ -320,7 +320,16 @@ func (s *Server) admitLocked(st *stream, n *corev3.Node) (needsView bool, err er
 	if n.GetId() == "" {
 		return false, status.Error(codes.InvalidArgument, "the first request of a stream must carry a node id")
 	}
+	if s.requireIdentity && !st.identity.covers(n.GetId()) {
+		return false, status.Errorf(codes.PermissionDenied, "node id %q is not covered by %s: it needs a URI SAN spiffe://TRUST_DOMAIN/%s or a DNS SAN naming its host part",
+			n.GetId(), st.identity.describe(), n.GetId())
+	}
 	e := s.nodes[n.GetId()]
+	if e != nil && e.identity.name != st.identity.name {
+		// Without this, anyone could attach to a live node's id; the node's own streams
+		// stay its own either way (ACKs and NACKs are per stream).
+		return false, status.Errorf(codes.AlreadyExists, "node id %q has a live stream from another identity", n.GetId())
+	}
 	if e == nil && len(s.nodes) >= s.maxNodes {
 		return false, status.Errorf(codes.ResourceExhausted, "node limit reached: %d nodes hold streams (--max-nodes)", s.maxNodes)
 	}

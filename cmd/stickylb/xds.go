@@ -78,7 +78,11 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
-	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Find streams whose node vanished without closing them within a minute: until
+		// then their node id is taken (a reconnect from another address or certificate is
+		// refused) and their state is kept.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second}))
 	var s *xds.Server
 	mon := pools.NewHealthMonitor(func(service string, tr health.Transition) {
 		log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
@@ -89,7 +93,12 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	defer mon.Stop()
-	s = xds.NewServer(ctx, f, mon.View, log, xds.WithMaxNodes(o.maxNodes))
+	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes)}
+	if o.clientCA != "" {
+		// mTLS: a node id speaks only for the certificate that covers it.
+		xopts = append(xopts, xds.WithNodeIdentity())
+	}
+	s = xds.NewServer(ctx, f, mon.View, log, xopts...)
 	if err := mon.Apply(ctx, f.Services); err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return 1

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -12,8 +13,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// AdminHandler serves /healthz, /metrics and /config (each node's current snapshot as JSON,
-// in the manner of Envoy's config_dump).
+// AdminHandler serves /healthz, /metrics and /config (each stream's current snapshot as
+// JSON, in the manner of Envoy's config_dump). It authenticates nobody and /config shows the
+// whole fleet's configuration: serve it on a private address only (`--admin` is off unless
+// set).
 func (s *Server) AdminHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	gauge := func(name, help string, f func() float64) {
@@ -52,22 +55,37 @@ type nodeDump struct {
 	Resources map[string][]json.RawMessage `json:"resources"`
 }
 
+// configDump copies what each stream is served under the lock (snapshots are immutable
+// once built, so a copy of the pointers is a copy of the state) and serialises outside it.
 func (s *Server) configDump() []nodeDump {
+	type served struct {
+		d       nodeDump
+		current *cachev3.Snapshot
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := []nodeDump{}
+	var copies []served
 	for _, st := range s.streams {
 		if !st.admitted {
 			continue
 		}
-		d := nodeDump{Node: st.node.ID, Stream: st.id, Zone: st.node.Zone, Resources: map[string][]json.RawMessage{}}
+		c := served{d: nodeDump{Node: st.node.ID, Stream: st.id, Zone: st.node.Zone}, current: st.current}
 		if st.acked != nil {
-			d.Acked = st.acked.GetVersion(resource.ClusterType)
+			c.d.Acked = st.acked.GetVersion(resource.ClusterType)
 		}
-		if st.current != nil {
-			d.Version = st.current.GetVersion(resource.ClusterType)
+		copies = append(copies, c)
+	}
+	s.mu.Unlock()
+	out := make([]nodeDump, 0, len(copies))
+	for _, c := range copies {
+		d := c.d
+		d.Resources = map[string][]json.RawMessage{}
+		if c.current != nil {
+			d.Version = c.current.GetVersion(resource.ClusterType)
 			for _, t := range typeURLs {
-				for _, r := range st.current.GetResources(t) {
+				for _, r := range c.current.GetResources(t) {
+					if s.hooks.dumping != nil {
+						s.hooks.dumping()
+					}
 					b, err := protojson.Marshal(r.(proto.Message))
 					if err == nil {
 						d.Resources[t] = append(d.Resources[t], b)

@@ -76,6 +76,8 @@ type testHooks struct {
 	refreshRead func()
 	// updateQueued runs when an Update waits for a build in progress to finish.
 	updateQueued func()
+	// dumping runs while /config serialises resources.
+	dumping func()
 }
 
 // Option is a server setting.

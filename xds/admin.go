@@ -35,7 +35,11 @@ func (s *Server) AdminHandler() http.Handler {
 	counter("stickylb_xds_reloads_total", "Pools file reloads applied.", func() float64 { return float64(s.Stats.Reloads.Load()) })
 	counter("stickylb_xds_reload_errors_total", "Pools file edits rejected.", func() float64 { return float64(s.Stats.ReloadErrors.Load()) })
 	counter("stickylb_xds_snapshot_builds_total", "Snapshots translated and validated (one per zone and version).", func() float64 { return float64(s.Stats.Builds.Load()) })
+	counter("stickylb_panics_total", "Services that entered panic (fail open).", func() float64 { return float64(s.Stats.Panics.Load()) })
 	counter("stickylb_xds_health_transitions_total", "Backend health transitions published.", func() float64 { return float64(s.Stats.HealthTransitions.Load()) })
+	reg.MustRegister(panicCollector{s: s, desc: prometheus.NewDesc("stickylb_panic",
+		"1 while every non-draining backend of the service is down and the control plane fails open (publishes them all as UNKNOWN).",
+		[]string{"service"}, nil)})
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -44,6 +48,24 @@ func (s *Server) AdminHandler() http.Handler {
 		json.NewEncoder(w).Encode(s.configDump())
 	})
 	return mux
+}
+
+// panicCollector exports stickylb_panic{service} for every service of the current file.
+type panicCollector struct {
+	s    *Server
+	desc *prometheus.Desc
+}
+
+func (c panicCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c panicCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, p := range c.s.Panicking() {
+		v := 0.0
+		if p {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, name)
+	}
 }
 
 type nodeDump struct {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -43,6 +44,8 @@ type Stats struct {
 	UnknownZone atomic.Uint64
 	// Refused counts streams refused: over the node cap, or an identity that does not match.
 	Refused atomic.Uint64
+	// Panics counts services entering panic (every non-draining backend down: fail open).
+	Panics atomic.Uint64
 }
 
 // stream is what the server keeps per xDS stream. Each stream is its own key in the
@@ -127,11 +130,15 @@ type Server struct {
 	file    *pools.File
 	named   map[string]bool // zones the file names
 	version int
-	views   map[string]*cachev3.Snapshot // view zone -> snapshot of the current version
-	viewers map[string]int               // view zone -> admitted streams served it
-	zones   map[string]int               // zone as nodes sent it -> admitted streams
-	streams map[int64]*stream
-	nodes   map[string]*nodeEntry
+	// health is the health view the current version is built from, read once per version
+	// so that every zone's view of a version, and the panic gauge, agree.
+	health    HealthView
+	panicking map[string]bool              // services in panic in the current version
+	views     map[string]*cachev3.Snapshot // view zone -> snapshot of the current version
+	viewers   map[string]int               // view zone -> admitted streams served it
+	zones     map[string]int               // zone as nodes sent it -> admitted streams
+	streams   map[int64]*stream
+	nodes     map[string]*nodeEntry
 	// peak counts of the maps above since they were last rebuilt: Go maps keep their
 	// buckets after deletes, so a burst of streams would pin memory without this.
 	peakStreams, peakNodes, peakZones int
@@ -373,7 +380,11 @@ func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
 // fillViews builds the views streams are waiting for, outside mu; buildMu is held.
 func (s *Server) fillViews() {
 	s.mu.Lock()
-	f, v := s.file, s.version
+	if s.health == nil && s.view != nil { // version 1: nothing has read the view yet
+		s.health = s.freeze(s.file)
+		s.setPanickingLocked(s.file, s.health)
+	}
+	f, v, view := s.file, s.version, s.health
 	var missing []string
 	for z := range s.viewers {
 		if s.views[z] == nil {
@@ -383,7 +394,7 @@ func (s *Server) fillViews() {
 	s.mu.Unlock()
 	built := map[string]*cachev3.Snapshot{}
 	for _, z := range missing {
-		snap, err := s.build(f, Node{Zone: z}, strconv.Itoa(v))
+		snap, err := s.build(f, Node{Zone: z}, strconv.Itoa(v), view)
 		if err != nil {
 			s.log.Error("building a zone's view", zap.String("zone", z), zap.Error(err))
 			continue
@@ -407,9 +418,9 @@ func (s *Server) fillViews() {
 
 // build translates and validates the file for a view zone. Only the zone shapes the
 // result, so one snapshot serves every stream of the zone (the cache only reads it).
-func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot, error) {
+func (s *Server) build(f *pools.File, n Node, version string, view HealthView) (*cachev3.Snapshot, error) {
 	s.Stats.Builds.Add(1)
-	r, err := Translate(f, n, s.view)
+	r, err := Translate(f, n, view)
 	if err != nil {
 		return nil, err
 	}
@@ -505,11 +516,12 @@ func (s *Server) publish(f *pools.File) error {
 		need[viewOf(named, z)] = true
 	}
 	s.mu.Unlock()
+	view := s.freeze(f)
 	// Build every view before changing anything: an edit that does not translate keeps
 	// the last good config serving.
 	built := map[string]*cachev3.Snapshot{}
 	for z := range need {
-		snap, err := s.build(f, Node{Zone: z}, strconv.Itoa(next))
+		snap, err := s.build(f, Node{Zone: z}, strconv.Itoa(next), view)
 		if err != nil {
 			s.Stats.ReloadErrors.Add(1)
 			return fmt.Errorf("pools file not applied: %w", err)
@@ -517,7 +529,8 @@ func (s *Server) publish(f *pools.File) error {
 		built[z] = snap
 	}
 	s.mu.Lock()
-	s.file, s.named, s.version = f, named, next
+	s.file, s.named, s.version, s.health = f, named, next, view
+	s.setPanickingLocked(f, view)
 	s.views = map[string]*cachev3.Snapshot{}
 	s.viewers = map[string]int{}
 	for _, st := range s.streams {
@@ -536,6 +549,56 @@ func (s *Server) publish(f *pools.File) error {
 	// Streams of a zone first seen while this version was being built.
 	s.fillViews()
 	return nil
+}
+
+// freeze reads the health view of every backend of f once.
+func (s *Server) freeze(f *pools.File) HealthView {
+	if s.view == nil {
+		return nil
+	}
+	states := map[string]map[string]health.State{}
+	for _, svc := range f.Services {
+		m := make(map[string]health.State, len(svc.Backends))
+		for _, b := range svc.Backends {
+			m[b.Identity()] = s.view(svc.Name, b)
+		}
+		states[svc.Name] = m
+	}
+	return func(service string, b *pools.Backend) health.State { return states[service][b.Identity()] }
+}
+
+// setPanickingLocked records which services of f are in panic under view and logs each
+// change: entering panic is a fleet-wide event an operator must see.
+func (s *Server) setPanickingLocked(f *pools.File, view HealthView) {
+	next := map[string]bool{}
+	for _, svc := range f.Services {
+		if !InPanic(svc, view) {
+			continue
+		}
+		next[svc.Name] = true
+		if !s.panicking[svc.Name] {
+			s.Stats.Panics.Add(1)
+			s.log.Warn("every non-draining backend of the service is down: failing open, publishing them all as UNKNOWN",
+				zap.String("service", svc.Name), zap.Int("backends", len(svc.Backends)))
+		}
+	}
+	for name := range s.panicking {
+		if !next[name] {
+			s.log.Info("service out of panic: health published again", zap.String("service", name))
+		}
+	}
+	s.panicking = next
+}
+
+// Panicking reports, for every service of the current file, whether it is in panic.
+func (s *Server) Panicking() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]bool, len(s.file.Services))
+	for _, svc := range s.file.Services {
+		out[svc.Name] = s.panicking[svc.Name]
+	}
+	return out
 }
 
 // Refresh rebuilds every stream's snapshot from the current file (a health transition).

@@ -256,7 +256,7 @@ func TestSnapshotSharedByZone(t *testing.T) {
 		s.mu.Lock()
 		ns := s.nodeStreamsLocked(fmt.Sprintf("n%d", i))[0]
 		s.mu.Unlock()
-		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.current.GetVersion(resource.ClusterType))
+		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.current.GetVersion(resource.ClusterType), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

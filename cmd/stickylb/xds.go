@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -84,9 +85,19 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		// refused) and their state is kept.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second}))
 	var s *xds.Server
+	faults := proberFaults{seen: map[string]bool{}}
 	mon := pools.NewHealthMonitor(func(service string, tr health.Transition) {
-		log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
-			zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
+		if tr.ProberFault {
+			// One line per cause, not one per backend: a prober out of descriptors
+			// would otherwise log the whole fleet.
+			if faults.first(tr.Reason) {
+				log.Warn("health probes cannot run for the prober's own reasons: the backends concerned are UNKNOWN (routable), never down",
+					zap.String("service", service), zap.String("cause", tr.Reason))
+			}
+		} else {
+			log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
+				zap.String("state", tr.To.String()), zap.String("reason", tr.Reason))
+		}
 		s.Stats.HealthTransitions.Add(1)
 		if err := s.Refresh(); err != nil {
 			log.Error("publishing health", zap.Error(err))
@@ -136,6 +147,23 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	}
 	<-ctx.Done()
 	return 0
+}
+
+// proberFaults remembers the prober-fault causes already logged.
+type proberFaults struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// first reports whether cause is logged for the first time.
+func (p *proberFaults) first(cause string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seen[cause] {
+		return false
+	}
+	p.seen[cause] = true
+	return true
 }
 
 func serverTLS(o xdsOptions) (credentials.TransportCredentials, error) {

@@ -197,7 +197,7 @@ func churn(ctx context.Context, t *testing.T, f *pools.File, transient, zones in
 // that only had the 10 long-lived nodes. 20,000 streams in 5,000 zones (500 in 100 under
 // -short), 20 services x 200 endpoints (the bulk in EDS, which the transient streams do not
 // ask for: the churn is about node state, not about sending 20,000 copies). The reloads of the two servers alternate, so that
-// the load of a shared machine weighs on both alike; each figure is the fastest of 7.
+// the load of a shared machine weighs on both alike; each figure is the fastest of 15.
 func TestNodeChurnLeavesNoState(t *testing.T) {
 	transient, zones := 20_000, 5_000
 	if testing.Short() {
@@ -214,7 +214,7 @@ func TestNodeChurnLeavesNoState(t *testing.T) {
 	quiet := churn(ctx, t, f, 0, 1)
 	busy := churn(ctx, t, f, transient, zones)
 	reload := [2]time.Duration{time.Hour, time.Hour}
-	for i := 0; i < 14; i++ {
+	for i := 0; i < 30; i++ {
 		next := g
 		if i/2%2 == 1 {
 			next = f

@@ -86,3 +86,51 @@ func (s *Server) testNode(t *testing.T, id, zone string) string {
 	}
 	return n.GetId()
 }
+
+// TestRefreshesCoalesce: refreshes asked for while a build runs cost one more rebuild, not
+// one each; the rebuild that runs reads the health view after all of them.
+func TestRefreshesCoalesce(t *testing.T) {
+	s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zaptest.NewLogger(t))
+	s.testNode(t, "n", "zone-a")
+	building, release := make(chan struct{}), make(chan struct{})
+	first := true
+	s.mutate = func(*Resources) {
+		if first {
+			first = false
+			close(building)
+			<-release
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Update(bigPools(t, 1, 4, 8080)) }()
+	<-building
+	reloads := s.Stats.Reloads.Load()
+	errs := make(chan error, 10)
+	for i := 0; i < 10; i++ {
+		go func() { errs <- s.Refresh() }()
+	}
+	// Nine return at once; one waits for the build.
+	for i := 0; i < 9; i++ {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d refreshes returned while a build ran", i)
+		}
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats.Reloads.Load() - reloads; got != 2 {
+		t.Fatalf("an update and 10 refreshes published %d versions, want 2", got)
+	}
+	if n := endpointCount(t, s, s.cacheKeys("n")[0]); n != 4 {
+		t.Fatalf("%d endpoints served, want the update's 4", n)
+	}
+}

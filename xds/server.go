@@ -125,6 +125,8 @@ type Server struct {
 	hooks  testHooks
 
 	buildMu sync.Mutex
+	// refreshQueued is set while a Refresh waits for buildMu.
+	refreshQueued atomic.Bool
 
 	mu      sync.Mutex
 	file    *pools.File
@@ -604,9 +606,17 @@ func (s *Server) Panicking() map[string]bool {
 // Refresh rebuilds every stream's snapshot from the current file (a health transition).
 // It publishes the file current when it starts, under the same order as Update, so a
 // reload that runs meanwhile is applied after it and never undone by it.
+//
+// Refreshes coalesce: while one waits for the build in progress, others return at once, as
+// the waiting one will read the health view after them (a burst of transitions costs two
+// rebuilds, not one each).
 func (s *Server) Refresh() error {
+	if !s.refreshQueued.CompareAndSwap(false, true) {
+		return nil
+	}
 	s.lockBuild()
 	defer s.buildMu.Unlock()
+	s.refreshQueued.Store(false) // from here, a transition needs a refresh of its own
 	f := s.currentFile()
 	if s.hooks.refreshRead != nil {
 		s.hooks.refreshRead()

@@ -656,7 +656,7 @@ func (s *Server) streamsOf(id string) int {
 	return 0
 }
 
-// nodeStreams returns node id's admitted streams, oldest first; mu is held.
+// nodeStreamsLocked returns node id's admitted streams, oldest first; mu is held.
 func (s *Server) nodeStreamsLocked(id string) []*stream {
 	var out []*stream
 	for _, st := range s.streams {

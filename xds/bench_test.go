@@ -42,7 +42,7 @@ func BenchmarkSnapshotBuild(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := s.build(f, Node{ID: "n", Zone: "zone-a"}, "v"); err != nil {
+		if _, err := s.build(f, Node{ID: "n", Zone: "zone-a"}, "v", nil); err != nil {
 			b.Fatal(err)
 		}
 	}

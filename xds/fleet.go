@@ -36,13 +36,26 @@ func groupOf(n *corev3.Node) string {
 	return GroupEnvoy
 }
 
-// shareKey says which nodes may share one snapshot: Envoy nodes of one zone (the zone
-// shapes their endpoints); every XDP node (their view does not depend on the zone).
-func (n Node) shareKey() string {
+// xdpView is the view key of every XDP node: their view does not depend on the zone, so
+// one snapshot serves them all. Zones are letters, digits, '.', '_' and '-', so no zone
+// is this key.
+const xdpView = "\x00xdp"
+
+// viewKey is the view a node is served: XDP nodes share one; Envoy and gRPC nodes get
+// their zone's when the file names it, else the cross-zone view.
+func viewKey(named map[string]bool, n Node) string {
 	if n.Group == GroupXDP {
-		return "xdp"
+		return xdpView
 	}
-	return "envoy/" + n.Zone
+	return viewOf(named, n.Zone)
+}
+
+// viewNode is the node a view is built for.
+func viewNode(key string) Node {
+	if key == xdpView {
+		return Node{Group: GroupXDP}
+	}
+	return Node{Zone: key}
 }
 
 // verdictTimes remembers when each backend last changed state, for the XDP view's
@@ -63,10 +76,12 @@ func (s *Server) RecordTransition(service string, tr health.Transition) {
 	s.verdicts.since[fleetview.Key(service, tr.ID)] = tr.At
 }
 
-func (s *Server) verdictOf(service string, b *pools.Backend) fleetview.Verdict {
+// verdictOf is a backend's verdict in view (the version's frozen health view), with the
+// time it last changed.
+func (s *Server) verdictOf(view HealthView, service string, b *pools.Backend) fleetview.Verdict {
 	var v fleetview.Verdict
-	if s.view != nil {
-		v.State = s.view(service, b)
+	if view != nil {
+		v.State = view(service, b)
 	}
 	s.verdicts.mu.Lock()
 	defer s.verdicts.mu.Unlock()
@@ -79,9 +94,9 @@ func (s *Server) verdictOf(service string, b *pools.Backend) fleetview.Verdict {
 // buildXDP is build for an XDP node: the fleetview's clusters and load assignments, checked
 // by Envoy's validation rules like every other snapshot, and empty listener and route
 // lists so that every type has the version (a node that asked for them gets nothing).
-func (s *Server) buildXDP(f *pools.File, version string) (*cachev3.Snapshot, error) {
+func (s *Server) buildXDP(f *pools.File, version string, view HealthView) (*cachev3.Snapshot, error) {
 	s.Stats.Builds.Add(1)
-	cs, ls := fleetview.Encode(f, s.verdictOf)
+	cs, ls := fleetview.Encode(f, func(service string, b *pools.Backend) fleetview.Verdict { return s.verdictOf(view, service, b) })
 	clusters := make([]types.Resource, 0, len(cs))
 	for _, c := range cs {
 		if err := c.ValidateAll(); err != nil {
@@ -105,35 +120,4 @@ func (s *Server) buildXDP(f *pools.File, version string) (*cachev3.Snapshot, err
 		resource.ClusterType:  clusters,
 		resource.EndpointType: endpoints,
 	})
-}
-
-// noteSubscribed records that a node asked for typeURL: a snapshot counts as acknowledged
-// once every type the node subscribed to is (an XDP node asks for clusters and endpoints
-// only, and would otherwise never have one to roll back to).
-func (s *Server) noteSubscribed(id, typeURL string) {
-	if typeURL == "" {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ns := s.nodes[id]; ns != nil {
-		if ns.subscribed == nil {
-			ns.subscribed = map[string]bool{}
-		}
-		ns.subscribed[typeURL] = true
-	}
-}
-
-// ackTypes are the types whose ACKs make ns's snapshot acknowledged.
-func (ns *nodeState) ackTypes() []string {
-	var out []string
-	for _, t := range typeURLs {
-		if ns.subscribed[t] {
-			out = append(out, t)
-		}
-	}
-	if len(out) == 0 {
-		return typeURLs
-	}
-	return out
 }

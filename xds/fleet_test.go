@@ -196,10 +196,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	s, addr := startXDS(t, f)
 	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
 	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		ns := s.nodes["h1/xdp/eth0"]
-		return ns != nil && ns.acked != nil, "no ack"
+		return s.ackedVersion("h1/xdp/eth0") != "", "no ack"
 	})
 	_, applied, _ := x.last()
 	s.mutateXDP = func(clusters, _ []types.Resource) {

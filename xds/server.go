@@ -2,8 +2,9 @@ package xds
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,38 +21,103 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
+
+// DefaultMaxNodes is how many distinct node ids may hold streams at once unless
+// WithMaxNodes says otherwise.
+const DefaultMaxNodes = 10_000
 
 // Stats are the server's counters (exported as Prometheus metrics by the admin endpoint).
 type Stats struct {
 	Pushes, NACKs, Reloads, ReloadErrors, Rollbacks, HealthTransitions atomic.Uint64
-	// Builds counts snapshot translations: one per zone and version, shared by the zone's nodes.
+	// Builds counts snapshot translations: one per view zone and version, shared by the
+	// zone's streams.
 	Builds atomic.Uint64
+	// UnknownZone counts streams admitted with a zone the pools file does not name: they
+	// get the cross-zone view.
+	UnknownZone atomic.Uint64
+	// Refused counts streams refused: over the node cap, or an identity that does not match.
+	Refused atomic.Uint64
+	// Panics counts services entering panic (every non-draining backend down: fail open).
+	Panics atomic.Uint64
 }
 
-// nodeState is what the server keeps per subscribing node.
-type nodeState struct {
-	node    Node
-	current *cachev3.Snapshot // last snapshot set for the node
-	acked   *cachev3.Snapshot // last snapshot the node acknowledged on every type
-	ackedBy map[string]string // type URL -> version the node last ACKed
-	// rejected is the version the node NACKed: the server does not build it for this node
-	// again (the cache alone would re-send it forever: a NACK carries the old version).
+// stream is what the server keeps per xDS stream. Each stream is its own key in the
+// snapshot cache, so what one stream ACKs or NACKs moves only that stream.
+type stream struct {
+	id       int64
+	key      string       // the stream's key in the snapshot cache
+	identity peerIdentity // who is at the other end (certificate or address)
+	node     Node         // as the node sent it; zero until the first request
+	view     string       // the view the stream is served: its zone if the file names it, else ""
+	keyNode  *corev3.Node // what the cache sees as the stream's node (its Id is key)
+	admitted bool         // the first request was accepted
+	types    map[string]bool
+	current  *cachev3.Snapshot // last snapshot set for the stream
+	acked    *cachev3.Snapshot // last snapshot the stream acknowledged on every type it asked for
+	ackedBy  map[string]string // type URL -> version last ACKed
+	// rejected is the version the stream NACKed: the server does not set it again for this
+	// stream (the cache alone would re-send it forever: a NACK carries the old version).
 	rejected string
-	// subscribed are the type URLs the node asked for (see ackTypes).
-	subscribed map[string]bool
+}
+
+// nodeEntry counts a node id's live streams and holds the identity they share.
+type nodeEntry struct {
+	identity peerIdentity
+	streams  int
+}
+
+// testHooks are called, when set, at points tests interleave on.
+type testHooks struct {
+	// refreshRead runs once Refresh knows which file it will publish.
+	refreshRead func()
+	// updateQueued runs when an Update waits for a build in progress to finish.
+	updateQueued func()
+	// dumping runs while /config serialises resources.
+	dumping func()
+}
+
+// Option is a server setting.
+type Option func(*Server)
+
+// WithMaxNodes caps the node ids that may hold streams at once; a stream of a new id beyond
+// the cap is refused with ResourceExhausted. n <= 0 means DefaultMaxNodes.
+func WithMaxNodes(n int) Option {
+	return func(s *Server) {
+		if n > 0 {
+			s.maxNodes = n
+		}
+	}
+}
+
+// WithNodeIdentity makes a node id speak only for the client certificate that covers it
+// (see docs/xds.md): a stream without a verified certificate, or whose node id the
+// certificate does not cover, is refused with PermissionDenied. Serve with mTLS
+// (`--client-ca`) when it is set.
+func WithNodeIdentity() Option {
+	return func(s *Server) { s.requireIdentity = true }
 }
 
 // Server serves one pools file to every node, per node locality.
+//
+// Locks: buildMu orders everything that builds snapshots (reloads, refreshes, the first
+// view of a zone) and is held while building; mu guards the state below and is never held
+// while building, so ACKs, NACKs and new streams of known zones never wait for a build.
 type Server struct {
-	log   *zap.Logger
-	cache cachev3.SnapshotCache
-	xds   serverv3.Server
-	view  HealthView
-	Stats Stats
+	log      *zap.Logger
+	cache    cachev3.SnapshotCache
+	xds      serverv3.Server
+	view     HealthView
+	maxNodes int
+	// requireIdentity: node ids must match the client certificate (WithNodeIdentity).
+	requireIdentity bool
+	Stats           Stats
 
 	// mutate, when set, edits every translation before validation (tests use it to serve
 	// resources a client rejects).
@@ -59,26 +125,64 @@ type Server struct {
 	// mutateXDP, when set, edits every XDP view after validation (tests serve views a
 	// node rejects).
 	mutateXDP func(clusters, endpoints []types.Resource)
-	verdicts  verdictTimes
+	// verdicts: when each backend's verdict last changed, published to XDP nodes.
+	verdicts verdictTimes
+	hooks    testHooks
+
+	buildMu sync.Mutex
+	// refreshQueued is set while a Refresh waits for buildMu.
+	refreshQueued atomic.Bool
 
 	mu      sync.Mutex
 	file    *pools.File
+	named   map[string]bool // zones the file names
 	version int
-	nodes   map[string]*nodeState
+	// health is the health view the current version is built from, read once per version
+	// so that every zone's view of a version, and the panic gauge, agree.
+	health    HealthView
+	panicking map[string]bool              // services in panic in the current version
+	views     map[string]*cachev3.Snapshot // view zone -> snapshot of the current version
+	viewers   map[string]int               // view zone -> admitted streams served it
+	zones     map[string]int               // zone as nodes sent it -> admitted streams
+	streams   map[int64]*stream
+	nodes     map[string]*nodeEntry
+	// peak counts of the maps above since they were last rebuilt: Go maps keep their
+	// buckets after deletes, so a burst of streams would pin memory without this.
+	peakStreams, peakNodes, peakZones int
 }
 
 // NewServer returns a server for f. view may be nil (no health checking).
-func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Logger) *Server {
-	s := &Server{log: log, view: view, file: f, version: 1, nodes: map[string]*nodeState{}}
+func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Logger, opts ...Option) *Server {
+	s := &Server{log: log, view: view, maxNodes: DefaultMaxNodes, file: f, named: namedZones(f), version: 1,
+		views: map[string]*cachev3.Snapshot{}, viewers: map[string]int{}, zones: map[string]int{},
+		streams: map[int64]*stream{}, nodes: map[string]*nodeEntry{}}
+	for _, o := range opts {
+		o(s)
+	}
 	s.cache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
 	s.xds = serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
-		StreamRequestFunc: s.onRequest,
-		StreamDeltaRequestFunc: func(_ int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
-			s.ensureNode(req.GetNode())
-			if d := req.GetErrorDetail(); d != nil {
-				s.nack(req.GetNode().GetId(), req.GetTypeUrl(), "", d.GetMessage())
+		StreamOpenFunc:      func(ctx context.Context, id int64, _ string) error { return s.open(ctx, id) },
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error { return s.open(ctx, id) },
+		StreamClosedFunc:    func(id int64, _ *corev3.Node) { s.closed(id) },
+		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) {
+			s.closed(id)
+		},
+		StreamRequestFunc: func(id int64, req *discoverygrpc.DiscoveryRequest) error {
+			node, err := s.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(),
+				req.GetErrorDetail() != nil, req.GetVersionInfo())
+			if err == nil {
+				req.Node = node
 			}
-			return nil
+			return err
+		},
+		StreamDeltaRequestFunc: func(id int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
+			// A delta ACK carries no version: it acknowledges what the stream was sent.
+			node, err := s.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(),
+				req.GetErrorDetail() != nil, deltaAckVersion)
+			if err == nil {
+				req.Node = node
+			}
+			return err
 		},
 		StreamResponseFunc: func(context.Context, int64, *discoverygrpc.DiscoveryRequest, *discoverygrpc.DiscoveryResponse) {
 			s.Stats.Pushes.Add(1)
@@ -86,9 +190,16 @@ func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Log
 		StreamDeltaResponseFunc: func(int64, *discoverygrpc.DeltaDiscoveryRequest, *discoverygrpc.DeltaDiscoveryResponse) {
 			s.Stats.Pushes.Add(1)
 		},
+		FetchRequestFunc: func(context.Context, *discoverygrpc.DiscoveryRequest) error {
+			// Snapshots are kept per stream; a unary fetch has none.
+			return status.Error(codes.Unimplemented, "stickylb xds serves streams only (ADS or per-type xDS)")
+		},
 	})
 	return s
 }
+
+// deltaAckVersion marks a delta request that ACKs whatever the stream was last sent.
+const deltaAckVersion = "\x00delta"
 
 // Register adds ADS and the per-type services to g.
 func (s *Server) Register(g *grpc.Server) {
@@ -101,45 +212,225 @@ func (s *Server) Register(g *grpc.Server) {
 
 var typeURLs = []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
 
-func (s *Server) onRequest(_ int64, req *discoverygrpc.DiscoveryRequest) error {
-	id := req.GetNode().GetId()
-	s.ensureNode(req.GetNode())
-	s.noteSubscribed(id, req.GetTypeUrl())
-	if d := req.GetErrorDetail(); d != nil {
-		s.nack(id, req.GetTypeUrl(), req.GetResponseNonce(), d.GetMessage())
-		return nil
+// namedZones are the zones f's backends are in: the only zones the server builds views for.
+func namedZones(f *pools.File) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range f.Services {
+		for _, b := range s.Backends {
+			if b.Zone != "" {
+				out[b.Zone] = true
+			}
+		}
 	}
-	if v := req.GetVersionInfo(); v != "" {
-		s.ack(id, req.GetTypeUrl(), v)
+	return out
+}
+
+// viewOf is the view a node of zone gets: its own when the file names it, else the
+// cross-zone view (what zones.Localities gives a zone it does not know).
+func viewOf(named map[string]bool, zone string) string {
+	if named[zone] {
+		return zone
 	}
+	return ""
+}
+
+func (s *Server) open(ctx context.Context, id int64) error {
+	ident := identityOf(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.streams[id] = &stream{id: id, key: "stream/" + strconv.FormatInt(id, 10), identity: ident,
+		types: map[string]bool{}, ackedBy: map[string]string{}}
+	s.peakStreams = max(s.peakStreams, len(s.streams))
 	return nil
 }
 
-// ensureNode creates the node's state and first snapshot on its first request.
-func (s *Server) ensureNode(n *corev3.Node) {
-	if n == nil {
-		return
-	}
+// closed frees everything the stream held: its cache entry, its node's entry when it was
+// the node's last stream, and the view of its zone when nobody else is served it.
+func (s *Server) closed(id int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.nodes[n.GetId()]; ok {
+	st := s.streams[id]
+	if st == nil {
 		return
 	}
-	ns := &nodeState{node: Node{ID: n.GetId(), Zone: n.GetLocality().GetZone(), Group: groupOf(n)}, ackedBy: map[string]string{}}
-	s.nodes[n.GetId()] = ns
-	if err := s.pushLocked(ns); err != nil {
-		s.log.Error("building the first snapshot", zap.String("node", ns.node.ID), zap.Error(err))
+	delete(s.streams, id)
+	if st.admitted {
+		s.cache.ClearSnapshot(st.key)
+		if e := s.nodes[st.node.ID]; e != nil {
+			if e.streams--; e.streams == 0 {
+				delete(s.nodes, st.node.ID)
+			}
+		}
+		if s.zones[st.node.Zone]--; s.zones[st.node.Zone] == 0 {
+			delete(s.zones, st.node.Zone)
+		}
+		if s.viewers[st.view]--; s.viewers[st.view] == 0 {
+			delete(s.viewers, st.view)
+			delete(s.views, st.view)
+		}
+	}
+	shrink(&s.streams, &s.peakStreams)
+	shrink(&s.nodes, &s.peakNodes)
+	shrink(&s.zones, &s.peakZones)
+}
+
+// shrink copies m into a fresh map once it holds under a quarter of its peak: the buckets a
+// burst of streams grew are released instead of pinned for the process's life.
+func shrink[K comparable, V any](m *map[K]V, peak *int) {
+	if *peak < 256 || len(*m) >= *peak/4 {
+		return
+	}
+	fresh := make(map[K]V, len(*m)) // maps.Clone would keep the grown table
+	for k, v := range *m {
+		fresh[k] = v
+	}
+	*m, *peak = fresh, len(fresh)
+}
+
+// request handles every request of a stream: the first admits it (or refuses it with a
+// status that ends the stream), the others ACK or NACK what the stream was sent. It returns
+// the node the cache must see, whose id is the stream's cache key.
+func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string, nacked bool, version string) (*corev3.Node, error) {
+	s.mu.Lock()
+	st := s.streams[id]
+	if st == nil {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Internal, "unknown stream")
+	}
+	if !st.admitted {
+		needsView, err := s.admitLocked(st, n)
+		s.mu.Unlock()
+		if err != nil {
+			s.Stats.Refused.Add(1)
+			s.log.Warn("stream refused", zap.Int64("stream", id), zap.String("node", n.GetId()), zap.Error(err))
+			return nil, err
+		}
+		if needsView {
+			s.lockBuild()
+			s.fillViews()
+			s.buildMu.Unlock()
+		}
+		s.mu.Lock()
+	} else if n != nil && n.GetId() != "" && n.GetId() != st.node.ID {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.InvalidArgument, "stream opened as node %q cannot speak for node %q", st.node.ID, n.GetId())
+	}
+	defer s.mu.Unlock()
+	st.types[typeURL] = true
+	switch {
+	case nacked:
+		s.nackLocked(st, typeURL, nonce, detail)
+	case version == deltaAckVersion:
+		if nonce != "" && st.current != nil {
+			s.ackLocked(st, typeURL, st.current.GetVersion(typeURL))
+		}
+	case version != "":
+		s.ackLocked(st, typeURL, version)
+	}
+	return st.keyNode, nil
+}
+
+// admitLocked checks a stream's first request and registers its node; it reports whether
+// the stream's view has yet to be built.
+func (s *Server) admitLocked(st *stream, n *corev3.Node) (needsView bool, err error) {
+	if n.GetId() == "" {
+		return false, status.Error(codes.InvalidArgument, "the first request of a stream must carry a node id")
+	}
+	if s.requireIdentity && !st.identity.covers(n.GetId()) {
+		return false, status.Errorf(codes.PermissionDenied, "node id %q is not covered by %s: it needs a URI SAN spiffe://TRUST_DOMAIN/%s or a DNS SAN naming its host part",
+			n.GetId(), st.identity.describe(), n.GetId())
+	}
+	e := s.nodes[n.GetId()]
+	if e != nil && e.identity.name != st.identity.name {
+		// Without this, anyone could attach to a live node's id; the node's own streams
+		// stay its own either way (ACKs and NACKs are per stream).
+		return false, status.Errorf(codes.AlreadyExists, "node id %q has a live stream from another identity", n.GetId())
+	}
+	if e == nil && len(s.nodes) >= s.maxNodes {
+		return false, status.Errorf(codes.ResourceExhausted, "node limit reached: %d nodes hold streams (--max-nodes)", s.maxNodes)
+	}
+	st.admitted = true
+	st.node = Node{ID: n.GetId(), Zone: n.GetLocality().GetZone(), Group: groupOf(n)}
+	st.keyNode = proto.Clone(n).(*corev3.Node)
+	st.keyNode.Id = st.key
+	if e == nil {
+		e = &nodeEntry{identity: st.identity}
+		s.nodes[st.node.ID] = e
+		s.peakNodes = max(s.peakNodes, len(s.nodes))
+	}
+	e.streams++
+	s.zones[st.node.Zone]++
+	s.peakZones = max(s.peakZones, len(s.zones))
+	st.view = viewKey(s.named, st.node)
+	if st.node.Group == GroupEnvoy && st.view != st.node.Zone {
+		s.Stats.UnknownZone.Add(1)
+	}
+	s.viewers[st.view]++
+	if snap := s.views[st.view]; snap != nil {
+		s.serveLocked(st, snap)
+		return false, nil
+	}
+	return true, nil
+}
+
+// serveLocked sets snap for the stream, unless the stream rejected that version.
+func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
+	if st.rejected == snap.GetVersion(resource.ClusterType) {
+		return
+	}
+	st.current = snap
+	if err := s.cache.SetSnapshot(context.Background(), st.key, snap); err != nil {
+		s.log.Error("setting a snapshot", zap.String("node", st.node.ID), zap.Error(err))
 	}
 }
 
-// build translates and validates the file for a node. Only the node's zone shapes the
-// result, so callers share one snapshot among a zone's nodes (the cache only reads it).
-func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot, error) {
+// fillViews builds the views streams are waiting for, outside mu; buildMu is held.
+func (s *Server) fillViews() {
+	s.mu.Lock()
+	if s.health == nil && s.view != nil { // version 1: nothing has read the view yet
+		s.health = s.freeze(s.file)
+		s.setPanickingLocked(s.file, s.health)
+	}
+	f, v, view := s.file, s.version, s.health
+	var missing []string
+	for z := range s.viewers {
+		if s.views[z] == nil {
+			missing = append(missing, z)
+		}
+	}
+	s.mu.Unlock()
+	built := map[string]*cachev3.Snapshot{}
+	for _, z := range missing {
+		snap, err := s.build(f, viewNode(z), strconv.Itoa(v), view)
+		if err != nil {
+			s.log.Error("building a zone's view", zap.String("zone", z), zap.Error(err))
+			continue
+		}
+		built[z] = snap
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for z, snap := range built {
+		if s.viewers[z] == 0 { // every stream of the zone left meanwhile
+			continue
+		}
+		s.views[z] = snap
+	}
+	for _, st := range s.streams {
+		if snap := built[st.view]; snap != nil && st.admitted && st.current != snap {
+			s.serveLocked(st, snap)
+		}
+	}
+}
+
+// build translates and validates the file for a view zone. Only the zone shapes the
+// result, so one snapshot serves every stream of the zone (the cache only reads it).
+func (s *Server) build(f *pools.File, n Node, version string, view HealthView) (*cachev3.Snapshot, error) {
 	if n.Group == GroupXDP {
-		return s.buildXDP(f, version)
+		return s.buildXDP(f, version, view)
 	}
 	s.Stats.Builds.Add(1)
-	r, err := Translate(f, n, s.view)
+	r, err := Translate(f, n, view)
 	if err != nil {
 		return nil, err
 	}
@@ -170,108 +461,177 @@ func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot
 	return snap, nil
 }
 
-func (s *Server) pushLocked(ns *nodeState) error {
-	v := strconv.Itoa(s.version)
-	if ns.rejected == v {
-		return nil
-	}
-	var snap *cachev3.Snapshot
-	for _, o := range s.nodes { // a zone peer's snapshot of this version serves this node too
-		if o != ns && o.node.shareKey() == ns.node.shareKey() && o.current != nil && o.current.GetVersion(resource.ClusterType) == v {
-			snap = o.current
-			break
-		}
-	}
-	if snap == nil {
-		var err error
-		if snap, err = s.build(s.file, ns.node, v); err != nil {
-			return err
-		}
-	}
-	ns.current = snap
-	return s.cache.SetSnapshot(context.Background(), ns.node.ID, snap)
-}
-
-func (s *Server) ack(id, typeURL, version string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ns := s.nodes[id]
-	if ns == nil {
+func (s *Server) ackLocked(st *stream, typeURL, version string) {
+	st.ackedBy[typeURL] = version
+	if st.current == nil || version != st.current.GetVersion(typeURL) {
 		return
 	}
-	ns.ackedBy[typeURL] = version
-	if ns.current == nil || version != ns.current.GetVersion(typeURL) {
-		return
-	}
-	for _, t := range ns.ackTypes() {
-		if ns.ackedBy[t] != ns.current.GetVersion(t) {
+	for t := range st.types {
+		if st.ackedBy[t] != st.current.GetVersion(t) {
 			return
 		}
 	}
-	ns.acked = ns.current
+	st.acked = st.current
 }
 
-// nack logs and counts a rejection and returns the node to its last acknowledged snapshot.
-func (s *Server) nack(id, typeURL, nonce, detail string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ns := s.nodes[id]
-	if ns == nil || ns.current == nil {
+// nackLocked logs and counts a rejection and returns the stream, and only it, to the last
+// snapshot it acknowledged.
+func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
+	if st.current == nil {
 		return
 	}
-	rejected := ns.current.GetVersion(typeURL)
-	if ns.rejected == rejected {
+	rejected := st.current.GetVersion(typeURL)
+	if st.rejected == rejected {
 		return // this push was already counted and rolled back
 	}
-	ns.rejected = rejected
+	st.rejected = rejected
 	s.Stats.NACKs.Add(1)
-	s.log.Warn("node rejected a snapshot", zap.String("node", id), zap.String("type", typeURL),
+	s.log.Warn("node rejected a snapshot", zap.String("node", st.node.ID), zap.Int64("stream", st.id), zap.String("type", typeURL),
 		zap.String("version", rejected), zap.String("nonce", nonce), zap.String("error", detail))
-	if ns.acked != nil {
-		ns.current = ns.acked
+	if st.acked != nil {
+		st.current = st.acked
 		s.Stats.Rollbacks.Add(1)
-		if err := s.cache.SetSnapshot(context.Background(), id, ns.acked); err != nil {
-			s.log.Error("rolling back", zap.String("node", id), zap.Error(err))
+		if err := s.cache.SetSnapshot(context.Background(), st.key, st.acked); err != nil {
+			s.log.Error("rolling back", zap.String("node", st.node.ID), zap.Error(err))
 		}
 	}
 }
 
-// Update replaces the pools file (a reload) and pushes a new version to every node.
+// Update replaces the pools file (a reload) and pushes a new version to every stream.
 func (s *Server) Update(f *pools.File) error {
+	s.lockBuild()
+	defer s.buildMu.Unlock()
+	return s.publish(f)
+}
+
+// lockBuild takes buildMu, telling the test hook when it has to wait for it.
+func (s *Server) lockBuild() {
+	if s.buildMu.TryLock() {
+		return
+	}
+	if s.hooks.updateQueued != nil {
+		s.hooks.updateQueued()
+	}
+	s.buildMu.Lock()
+}
+
+// publish builds f for every view in use and serves it; buildMu is held, mu is taken only
+// to read what to build and to install the result.
+func (s *Server) publish(f *pools.File) error {
+	named := namedZones(f)
+	s.mu.Lock()
+	next := s.version + 1
+	need := map[string]bool{}
+	for _, st := range s.streams {
+		if st.admitted {
+			need[viewKey(named, st.node)] = true
+		}
+	}
+	s.mu.Unlock()
+	view := s.freeze(f)
+	// Build every view before changing anything: an edit that does not translate keeps
+	// the last good config serving.
+	built := map[string]*cachev3.Snapshot{}
+	for z := range need {
+		snap, err := s.build(f, viewNode(z), strconv.Itoa(next), view)
+		if err != nil {
+			s.Stats.ReloadErrors.Add(1)
+			return fmt.Errorf("pools file not applied: %w", err)
+		}
+		built[z] = snap
+	}
+	s.mu.Lock()
+	s.file, s.named, s.version, s.health = f, named, next, view
+	s.setPanickingLocked(f, view)
+	s.views = map[string]*cachev3.Snapshot{}
+	s.viewers = map[string]int{}
+	for _, st := range s.streams {
+		if !st.admitted {
+			continue
+		}
+		st.view = viewKey(named, st.node)
+		s.viewers[st.view]++
+		if snap := built[st.view]; snap != nil {
+			s.views[st.view] = snap
+			s.serveLocked(st, snap)
+		}
+	}
+	s.Stats.Reloads.Add(1)
+	s.mu.Unlock()
+	// Streams of a zone first seen while this version was being built.
+	s.fillViews()
+	return nil
+}
+
+// freeze reads the health view of every backend of f once.
+func (s *Server) freeze(f *pools.File) HealthView {
+	if s.view == nil {
+		return nil
+	}
+	states := map[string]map[string]health.State{}
+	for _, svc := range f.Services {
+		m := make(map[string]health.State, len(svc.Backends))
+		for _, b := range svc.Backends {
+			m[b.Identity()] = s.view(svc.Name, b)
+		}
+		states[svc.Name] = m
+	}
+	return func(service string, b *pools.Backend) health.State { return states[service][b.Identity()] }
+}
+
+// setPanickingLocked records which services of f are in panic under view and logs each
+// change: entering panic is a fleet-wide event an operator must see.
+func (s *Server) setPanickingLocked(f *pools.File, view HealthView) {
+	next := map[string]bool{}
+	for _, svc := range f.Services {
+		if !InPanic(svc, view) {
+			continue
+		}
+		next[svc.Name] = true
+		if !s.panicking[svc.Name] {
+			s.Stats.Panics.Add(1)
+			s.log.Warn("every non-draining backend of the service is down: failing open, publishing them all as UNKNOWN",
+				zap.String("service", svc.Name), zap.Int("backends", len(svc.Backends)))
+		}
+	}
+	for name := range s.panicking {
+		if !next[name] {
+			s.log.Info("service out of panic: health published again", zap.String("service", name))
+		}
+	}
+	s.panicking = next
+}
+
+// Panicking reports, for every service of the current file, whether it is in panic.
+func (s *Server) Panicking() map[string]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Build for every node before changing anything: an edit that does not translate keeps
-	// the last good config serving.
-	next := s.version + 1
-	snaps := map[string]*cachev3.Snapshot{}
-	byZone := map[string]*cachev3.Snapshot{}
-	for id, ns := range s.nodes {
-		snap, ok := byZone[ns.node.shareKey()]
-		if !ok {
-			var err error
-			if snap, err = s.build(f, ns.node, strconv.Itoa(next)); err != nil {
-				return fmt.Errorf("pools file not applied: %w", err)
-			}
-			byZone[ns.node.shareKey()] = snap
-		}
-		snaps[id] = snap
+	out := make(map[string]bool, len(s.file.Services))
+	for _, svc := range s.file.Services {
+		out[svc.Name] = s.panicking[svc.Name]
 	}
-	s.file, s.version = f, next
-	s.Stats.Reloads.Add(1)
-	var errs []error
-	for id, snap := range snaps {
-		ns := s.nodes[id]
-		ns.current = snap
-		if err := s.cache.SetSnapshot(context.Background(), id, snap); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return out
 }
 
-// Refresh rebuilds every node's snapshot from the current file (a health transition).
+// Refresh rebuilds every stream's snapshot from the current file (a health transition).
+// It publishes the file current when it starts, under the same order as Update, so a
+// reload that runs meanwhile is applied after it and never undone by it.
+//
+// Refreshes coalesce: while one waits for the build in progress, others return at once, as
+// the waiting one will read the health view after them (a burst of transitions costs two
+// rebuilds, not one each).
 func (s *Server) Refresh() error {
-	return s.Update(s.currentFile())
+	if !s.refreshQueued.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.lockBuild()
+	defer s.buildMu.Unlock()
+	s.refreshQueued.Store(false) // from here, a transition needs a refresh of its own
+	f := s.currentFile()
+	if s.hooks.refreshRead != nil {
+		s.hooks.refreshRead()
+	}
+	return s.publish(f)
 }
 
 func (s *Server) currentFile() *pools.File {
@@ -280,13 +640,62 @@ func (s *Server) currentFile() *pools.File {
 	return s.file
 }
 
-// Nodes returns the IDs of the nodes seen so far.
+// Nodes returns the IDs of the nodes that hold at least one stream, sorted.
 func (s *Server) Nodes() []string {
 	s.mu.Lock()
+	out := slices.Collect(maps.Keys(s.nodes))
+	s.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
+// Streams returns how many streams are open.
+func (s *Server) Streams() int {
+	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.nodes))
-	for id := range s.nodes {
-		out = append(out, id)
+	return len(s.streams)
+}
+
+// streamsOf returns how many admitted streams node id holds.
+func (s *Server) streamsOf(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.nodes[id]; e != nil {
+		return e.streams
+	}
+	return 0
+}
+
+// nodeStreamsLocked returns node id's admitted streams, oldest first; mu is held.
+func (s *Server) nodeStreamsLocked(id string) []*stream {
+	var out []*stream
+	for _, st := range s.streams {
+		if st.admitted && st.node.ID == id {
+			out = append(out, st)
+		}
+	}
+	slices.SortFunc(out, func(a, b *stream) int { return int(a.id - b.id) })
+	return out
+}
+
+// cacheKeys returns the cache keys of node id's streams, oldest first.
+func (s *Server) cacheKeys(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, st := range s.nodeStreamsLocked(id) {
+		out = append(out, st.key)
 	}
 	return out
+}
+
+// ackedVersion is the cluster version node id's oldest stream last acknowledged on every
+// type it asked for.
+func (s *Server) ackedVersion(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sts := s.nodeStreamsLocked(id); len(sts) > 0 && sts[0].acked != nil {
+		return sts[0].acked.GetVersion(resource.ClusterType)
+	}
+	return ""
 }

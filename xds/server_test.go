@@ -116,10 +116,7 @@ func TestNACKRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "first snapshot acknowledged", func() (bool, string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		ns := s.nodes["nack-node"]
-		return ns != nil && ns.acked != nil, "no ack"
+		return s.ackedVersion("nack-node") != "", "no ack"
 	})
 	s.mutate = func(r *Resources) {
 		for _, m := range r.Clusters {
@@ -243,7 +240,7 @@ func TestSnapshotSharedByZone(t *testing.T) {
 	s := NewServer(t.Context(), f, nil, zaptest.NewLogger(t))
 	zoneOf := func(i int) string { return []string{"zone-a", "zone-b", ""}[i%3] }
 	for i := 0; i < 12; i++ {
-		s.ensureNode(&corev3.Node{Id: fmt.Sprintf("n%d", i), Locality: &corev3.Locality{Zone: zoneOf(i)}})
+		s.testNode(t, fmt.Sprintf("n%d", i), zoneOf(i))
 	}
 	if got := s.Stats.Builds.Load(); got != 3 {
 		t.Fatalf("12 nodes in 3 zones joined: %d builds, want 3", got)
@@ -257,9 +254,9 @@ func TestSnapshotSharedByZone(t *testing.T) {
 	}
 	for i := 0; i < 12; i++ {
 		s.mu.Lock()
-		ns := s.nodes[fmt.Sprintf("n%d", i)]
+		ns := s.nodeStreamsLocked(fmt.Sprintf("n%d", i))[0]
 		s.mu.Unlock()
-		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.current.GetVersion(resource.ClusterType))
+		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.current.GetVersion(resource.ClusterType), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

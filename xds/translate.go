@@ -47,6 +47,15 @@ import (
 // healthy hosts. 10000x keeps the load on a priority while any of its hosts is healthy.
 const OverprovisioningFactor = 1_000_000
 
+// EnvoyPanicThreshold is the healthy_panic_threshold (percent) pinned on every cluster.
+// The control plane decides fail open itself (InPanic: every non-draining backend down ->
+// all published UNKNOWN, which Envoy and gRPC route to), so Envoy's own panic is only a
+// second guard, for when Envoy's own view (outlier ejections, a stale update) leaves it no
+// available host: then it routes to every host rather than failing every request. Envoy reads
+// the field as a whole percent (rounded), so 1 is the smallest value that is not "never
+// panic"; with fewer than 100 hosts in a priority it panics only when none is available.
+const EnvoyPanicThreshold = 1
+
 // Node is what the translation needs of a subscribing node.
 type Node struct {
 	ID   string
@@ -198,8 +207,9 @@ func cluster(s *pools.Service) (*clusterv3.Cluster, error) {
 		ConnectTimeout:      durationpb.New(5 * time.Second),
 		LoadBalancingPolicy: lbPolicy(s),
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
-			// Never route to hosts known to be down (Envoy's default 50% panics into them).
-			HealthyPanicThreshold: &typev3.Percent{Value: 0},
+			// Not Envoy's default 50%, which routes to hosts known to be down while half
+			// of them are; see EnvoyPanicThreshold.
+			HealthyPanicThreshold: &typev3.Percent{Value: EnvoyPanicThreshold},
 		},
 	}
 	if pinsSessions(s) {
@@ -225,7 +235,34 @@ func socketAddress(addr string) (*corev3.Address, error) {
 	}}}, nil
 }
 
+// InPanic reports whether every non-draining backend of s is known down (and there is at
+// least one): the control plane then fails open, publishing them as UNKNOWN so that every
+// tier keeps routing to them rather than to nothing. Draining backends (drain: true, drained
+// zones) stay out of new sessions either way. A backend not yet probed, or that the prober
+// cannot probe, is Unknown and routable, so it keeps a service out of panic.
+func InPanic(s *pools.Service, view HealthView) bool {
+	if view == nil {
+		return false
+	}
+	drained := map[string]bool{}
+	for _, z := range s.DrainedZones {
+		drained[z] = true
+	}
+	some := false
+	for _, b := range s.Backends {
+		if b.Drain || drained[b.Zone] {
+			continue
+		}
+		if view(s.Name, b) != health.Unhealthy {
+			return false
+		}
+		some = true
+	}
+	return some
+}
+
 func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.ClusterLoadAssignment {
+	panicking := InPanic(s, view)
 	byID := map[string]*pools.Backend{}
 	bs := make([]zones.Backend, 0, len(s.Backends))
 	for _, b := range s.Backends {
@@ -251,7 +288,9 @@ func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.Cl
 				case health.Healthy:
 					status = corev3.HealthStatus_HEALTHY
 				case health.Unhealthy:
-					status = corev3.HealthStatus_UNHEALTHY
+					if !panicking || e.Draining {
+						status = corev3.HealthStatus_UNHEALTHY
+					}
 				}
 			}
 			if e.Draining && status != corev3.HealthStatus_UNHEALTHY {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ type xdsOptions struct {
 	pools, listen, admin      string
 	tlsCert, tlsKey, clientCA string
 	poll                      time.Duration
+	maxNodes                  int
 }
 
 func xdsCmd(args []string, stderr io.Writer) int {
@@ -37,11 +39,12 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	var o xdsOptions
 	fs.StringVar(&o.pools, "pools", "", "pools file to serve (reloaded when it changes)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18000", "gRPC address for ADS and the per-type xDS services")
-	fs.StringVar(&o.admin, "admin", "", "HTTP address for /healthz, /metrics and /config (off when empty)")
+	fs.StringVar(&o.admin, "admin", "", "HTTP address for /healthz, /metrics and /config (off when empty; unauthenticated: keep it private)")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "server certificate (PEM) for TLS")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
 	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
+	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -76,11 +79,25 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
-	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Find streams whose node vanished without closing them within a minute: until
+		// then their node id is taken (a reconnect from another address or certificate is
+		// refused) and their state is kept.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second}))
 	var s *xds.Server
+	faults := proberFaults{seen: map[string]bool{}}
 	mon := health.NewMonitor(func(service string, tr health.Transition) {
-		log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
-			zap.Bool("healthy", tr.Healthy), zap.String("reason", tr.Reason))
+		if tr.ProberFault {
+			// One line per cause, not one per backend: a prober out of descriptors
+			// would otherwise log the whole fleet.
+			if faults.first(tr.Reason) {
+				log.Warn("health probes cannot run for the prober's own reasons: the backends concerned are UNKNOWN (routable), never down",
+					zap.String("service", service), zap.String("cause", tr.Reason))
+			}
+		} else {
+			log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
+				zap.String("state", tr.To.String()), zap.String("reason", tr.Reason))
+		}
 		s.Stats.HealthTransitions.Add(1)
 		s.RecordTransition(service, tr)
 		if err := s.Refresh(); err != nil {
@@ -88,7 +105,12 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	defer mon.Stop()
-	s = xds.NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) }, log)
+	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes)}
+	if o.clientCA != "" {
+		// mTLS: a node id speaks only for the certificate that covers it.
+		xopts = append(xopts, xds.WithNodeIdentity())
+	}
+	s = xds.NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) }, log, xopts...)
 	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return 1
@@ -126,6 +148,23 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	}
 	<-ctx.Done()
 	return 0
+}
+
+// proberFaults remembers the prober-fault causes already logged.
+type proberFaults struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// first reports whether cause is logged for the first time.
+func (p *proberFaults) first(cause string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seen[cause] {
+		return false
+	}
+	p.seen[cause] = true
+	return true
 }
 
 func serverTLS(o xdsOptions) (credentials.TransportCredentials, error) {

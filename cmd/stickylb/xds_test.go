@@ -23,7 +23,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 )
 
 func TestXDSInvalidFileAtStart(t *testing.T) {
@@ -55,6 +57,7 @@ func pki(t *testing.T) (caFile, certFile, keyFile string, client tls.Certificate
 			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		} else {
 			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+			tmpl.DNSNames = []string{"tls-node"} // covers node ids tls-node and tls-node/...
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
 		if err != nil {
@@ -97,7 +100,7 @@ func TestXDSMutualTLS(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("not serving")
 	}
-	fetch := func(certs []tls.Certificate) error {
+	fetch := func(certs []tls.Certificate, id string) error {
 		creds := credentials.NewTLS(&tls.Config{RootCAs: pool, Certificates: certs, ServerName: "127.0.0.1"})
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 		if err != nil {
@@ -110,7 +113,7 @@ func TestXDSMutualTLS(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "tls-node", Locality: &corev3.Locality{Zone: "zone-a"}}, TypeUrl: resource.ClusterType}); err != nil {
+		if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: id, Locality: &corev3.Locality{Zone: "zone-a"}}, TypeUrl: resource.ClusterType}); err != nil {
 			return err
 		}
 		resp, err := stream.Recv()
@@ -122,10 +125,13 @@ func TestXDSMutualTLS(t *testing.T) {
 		}
 		return nil
 	}
-	if err := fetch([]tls.Certificate{clientCert}); err != nil {
+	if err := fetch([]tls.Certificate{clientCert}, "tls-node/caddy"); err != nil {
 		t.Fatalf("with a client certificate: %v", err)
 	}
-	if err := fetch(nil); err == nil {
+	if err := fetch([]tls.Certificate{clientCert}, "other-host/caddy"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node id the certificate does not cover: %v, want PermissionDenied", err)
+	}
+	if err := fetch(nil, "tls-node/caddy"); err == nil {
 		t.Fatal("served a client without a certificate")
 	}
 	cancel()

@@ -238,7 +238,7 @@ func (c *Checker) loop(ctx context.Context, tg *target) {
 		case <-timer.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-		ok, result := c.prober.probe(pctx, tg.addr)
+		out, result := c.prober.probe(pctx, tg.addr)
 		cancel()
 		if ctx.Err() != nil {
 			// Aborted by removal or shutdown: the result says nothing
@@ -246,7 +246,7 @@ func (c *Checker) loop(ctx context.Context, tg *target) {
 			return
 		}
 		now := time.Now()
-		c.record(tg, ok, result, now)
+		c.record(tg, out, result, now)
 		next = next.Add(nextGap(c.cfg.Interval))
 		if next.Before(now) {
 			// Behind schedule (the machine stalled): probe now and drop
@@ -275,19 +275,25 @@ func nextGap(interval time.Duration) time.Duration {
 
 // record applies one probe result and tells the subscribers of a change.
 // Holding c.mu across the offers keeps each target's transitions in order.
-func (c *Checker) record(tg *target, ok bool, result string, at time.Time) {
+func (c *Checker) record(tg *target, out outcome, result string, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped || c.targets[tg.ID] != tg {
 		return
 	}
-	changed, from := tg.m.observe(ok, at, result, c.cfg.HealthyThreshold, c.cfg.UnhealthyThreshold)
+	var changed bool
+	var from State
+	if out == inconclusive {
+		changed, from = tg.m.unknown(at, result)
+	} else {
+		changed, from = tg.m.observe(out == passed, at, result, c.cfg.HealthyThreshold, c.cfg.UnhealthyThreshold)
+	}
 	if !changed {
 		return
 	}
 	tr := Transition{
 		ID: tg.ID, Address: tg.Address,
-		Healthy: tg.m.state == Healthy, From: from,
+		To: tg.m.state, Healthy: tg.m.state == Healthy, ProberFault: out == inconclusive, From: from,
 		At: at, Reason: result,
 	}
 	for s := range c.subs {

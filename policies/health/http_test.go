@@ -109,7 +109,8 @@ func probeHTTP(t *testing.T, cfg Config, addr string) (bool, string, time.Durati
 	start := time.Now() // before the deadline is set: a probe ending at it took >= Timeout
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	defer cancel()
-	ok, result := p.probe(ctx, addr)
+	out, result := p.probe(ctx, addr)
+	ok := out == passed
 	return ok, result, time.Since(start)
 }
 

@@ -58,15 +58,16 @@ type icmpProber struct {
 // aLongTimeAgo is a deadline in the past, set to unblock a read at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-func (p *icmpProber) probe(ctx context.Context, host string) (bool, string) {
+func (p *icmpProber) probe(ctx context.Context, host string) (outcome, string) {
 	ip, err := resolveIP(ctx, host)
 	if err != nil {
-		return false, "icmp: " + describe(err)
+		return failed, "icmp: " + describe(err)
 	}
 	v6 := ip.Is6()
 	conn, mode, err := p.listen(v6)
 	if err != nil {
-		return false, "icmp: " + err.Error()
+		// No socket to probe with says nothing about the host.
+		return inconclusive, "icmp: prober fault: no ICMP socket: " + err.Error()
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -92,20 +93,20 @@ func (p *icmpProber) probe(ctx context.Context, host string) (bool, string) {
 	// header); for ICMPv4 Marshal computes it.
 	wire, err := msg.Marshal(nil)
 	if err != nil {
-		return false, "icmp: " + err.Error()
+		return failed, "icmp: " + err.Error()
 	}
 	var dst net.Addr = &net.IPAddr{IP: ip.AsSlice(), Zone: ip.Zone()}
 	if mode == icmpDatagram {
 		dst = &net.UDPAddr{IP: ip.AsSlice(), Zone: ip.Zone()}
 	}
 	if _, err := conn.WriteTo(wire, dst); err != nil {
-		return false, "icmp: " + describe(err)
+		return failure("icmp", err)
 	}
 	buf := make([]byte, 1500)
 	for {
 		n, from, err := conn.ReadFrom(buf)
 		if err != nil {
-			return false, "icmp: " + describe(err)
+			return failure("icmp", err)
 		}
 		m, err := icmp.ParseMessage(proto, buf[:n])
 		if err != nil || m.Type != reply {
@@ -123,7 +124,7 @@ func (p *icmpProber) probe(ctx context.Context, host string) (bool, string) {
 		if !sameHost(from, ip) {
 			continue
 		}
-		return true, "icmp: echo reply"
+		return passed, "icmp: echo reply"
 	}
 }
 

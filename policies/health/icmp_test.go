@@ -32,7 +32,8 @@ func probeICMP(p *icmpProber, host string, timeout time.Duration) (bool, string,
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	ok, result := p.probe(ctx, host)
+	out, result := p.probe(ctx, host)
+	ok := out == passed
 	return ok, result, time.Since(start)
 }
 
@@ -214,7 +215,8 @@ func TestICMPCancel(t *testing.T) {
 		defer cancel()
 		time.AfterFunc(100*time.Millisecond, cancel)
 		start := time.Now()
-		ok, _ := p.probe(ctx, "127.0.0.1")
+		out, _ := p.probe(ctx, "127.0.0.1")
+		ok := out == passed
 		if took := time.Since(start); ok || took > 2*time.Second {
 			return fmt.Errorf("cancelled probe: ok=%v after %v, want failure soon after 100ms", ok, took)
 		}

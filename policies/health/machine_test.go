@@ -108,6 +108,6 @@ func BenchmarkRecordTransition(b *testing.B) {
 	}
 	at := time.Now()
 	for i := 0; b.Loop(); i++ {
-		c.record(tg, i%2 == 0, "tcp: connected", at)
+		c.record(tg, outcome(i%2), "tcp: connected", at)
 	}
 }

@@ -17,7 +17,35 @@ import (
 // returns within the context's deadline (the config's timeout) and reports
 // the outcome as a short reason string prefixed with the protocol.
 type prober interface {
-	probe(ctx context.Context, addr string) (ok bool, result string)
+	probe(ctx context.Context, addr string) (outcome, string)
+}
+
+// proberFault names err's cause when it is the prober's own (its permissions,
+// descriptors or buffers) rather than the backend's: such a probe is
+// inconclusive. A host that does not answer (EHOSTUNREACH, timeouts,
+// refusals) is the backend's fault and is not listed here.
+func proberFault(err error) (cause string, ok bool) {
+	for _, f := range []struct {
+		errno syscall.Errno
+		name  string
+	}{
+		{syscall.EPERM, "EPERM"}, {syscall.EACCES, "EACCES"}, {syscall.EMFILE, "EMFILE"},
+		{syscall.ENFILE, "ENFILE"}, {syscall.ENOBUFS, "ENOBUFS"},
+	} {
+		if errors.Is(err, f.errno) {
+			return f.name + " (" + f.errno.Error() + ")", true
+		}
+	}
+	return "", false
+}
+
+// failure is the outcome of a probe that ended in err: inconclusive for the
+// prober's own faults, failed otherwise.
+func failure(proto string, err error) (outcome, string) {
+	if cause, ok := proberFault(err); ok {
+		return inconclusive, proto + ": prober fault: " + cause
+	}
+	return failed, proto + ": " + describe(err)
 }
 
 // maxBodyDrain bounds how much of an HTTP health response is read. The
@@ -28,14 +56,14 @@ const maxBodyDrain = 16 << 10
 
 type tcpProber struct{}
 
-func (tcpProber) probe(ctx context.Context, addr string) (bool, string) {
+func (tcpProber) probe(ctx context.Context, addr string) (outcome, string) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return false, "tcp: " + describe(err)
+		return failure("tcp", err)
 	}
 	conn.Close()
-	return true, "tcp: connected"
+	return passed, "tcp: connected"
 }
 
 type httpProber struct {
@@ -74,12 +102,12 @@ func newHTTPProber(cfg Config) (*httpProber, error) {
 	}, nil
 }
 
-func (p *httpProber) probe(ctx context.Context, addr string) (bool, string) {
+func (p *httpProber) probe(ctx context.Context, addr string) (outcome, string) {
 	u := *p.path
 	u.Scheme, u.Host = "http", addr
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://placeholder/", nil)
 	if err != nil {
-		return false, "http: " + err.Error()
+		return failed, "http: " + err.Error()
 	}
 	// Set the URL directly: addr may hold an IPv6 zone that a URL string
 	// would need escaped.
@@ -89,12 +117,15 @@ func (p *httpProber) probe(ctx context.Context, addr string) (bool, string) {
 	req.Header.Set("User-Agent", "stickylb-health-check")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return false, "http: " + describe(err)
+		return failure("http", err)
 	}
 	io.CopyN(io.Discard, resp.Body, maxBodyDrain)
 	resp.Body.Close()
 	result := "http: status " + strconv.Itoa(resp.StatusCode)
-	return p.expects(resp.StatusCode), result
+	if p.expects(resp.StatusCode) {
+		return passed, result
+	}
+	return failed, result
 }
 
 // describe turns a probe error into a short, stable reason: the errno or

@@ -6,9 +6,11 @@ import "time"
 type State uint8
 
 // The states of a target. Every target starts Unknown and leaves it with its
-// first probe; it never returns to Unknown.
+// first probe; it returns to Unknown when a probe cannot be run for the
+// prober's own reasons (see Transition.ProberFault).
 const (
-	// Unknown: not probed yet. Routable (see State.Routable).
+	// Unknown: not probed yet, or the prober cannot probe it. Routable (see
+	// State.Routable).
 	Unknown State = iota
 	// Healthy: the first probe passed, or HealthyThreshold probes in a row
 	// passed since the target was last Unhealthy.
@@ -39,12 +41,19 @@ func (s State) String() string {
 // so the fleet has one rule.
 func (s State) Routable() bool { return s != Unhealthy }
 
-// Transition tells that a target entered Healthy or Unhealthy.
+// Transition tells that a target entered Healthy or Unhealthy, or returned to
+// Unknown because the prober could not probe it.
 type Transition struct {
 	// ID and Address identify the target as given to SetTargets.
 	ID, Address string
-	// Healthy is the new state: true for Healthy, false for Unhealthy.
+	// To is the state entered.
+	To State
+	// Healthy is To == Healthy.
 	Healthy bool
+	// ProberFault is set when To is Unknown: the probe failed for the
+	// prober's own reasons (permissions, descriptors, buffers, no ICMP
+	// socket), which say nothing about the backend. Reason names the cause.
+	ProberFault bool
 	// From is the state left. Unknown marks the target's first result; slow
 	// start keys on Unhealthy -> Healthy.
 	From State
@@ -88,6 +97,35 @@ type machine struct {
 	lastResult string
 	okRun      int
 	failRun    int
+}
+
+// outcome is what one probe says about its target.
+type outcome uint8
+
+const (
+	// failed: the target did not answer as it should (refused, timed out,
+	// unreachable, a wrong status). The backend's fault.
+	failed outcome = iota
+	// passed: the target answered as it should.
+	passed
+	// inconclusive: the prober could not run the probe for its own reasons;
+	// nothing is known of the target.
+	inconclusive
+)
+
+// unknown records a probe that could not be run: the target returns to
+// Unknown (routable, never down: a prober that cannot probe must not take a
+// fleet's backends out) and both runs restart, so the next real result
+// decides at once, as a first probe does.
+func (m *machine) unknown(at time.Time, result string) (changed bool, from State) {
+	m.lastProbe, m.lastResult = at, result
+	m.okRun, m.failRun = 0, 0
+	from = m.state
+	if from == Unknown {
+		return false, from
+	}
+	m.state, m.since, m.reason = Unknown, at, result
+	return true, from
 }
 
 // observe records one probe result and reports whether the state changed,

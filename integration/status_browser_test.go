@@ -477,6 +477,7 @@ func TestStatusPageRender1000(t *testing.T) {
 	type timings struct {
 		First        float64   `json:"first"`
 		FirstShownAt float64   `json:"firstShownAt"`
+		AllRowsAt    float64   `json:"allRowsAt"`
 		Refresh      []float64 `json:"refresh"`
 		Parts        []struct {
 			Build, DOM float64
@@ -488,8 +489,8 @@ func TestStatusPageRender1000(t *testing.T) {
 	}
 	r := append([]float64(nil), tm.Refresh...)
 	sort.Float64s(r)
-	t.Logf("1,000 backends: first render %.1f ms (target < 500 ms; on screen %.0f ms after navigation start); refresh median %.1f ms, max %.1f ms over %d (target < 100 ms)",
-		tm.First, tm.FirstShownAt, r[len(r)/2], r[len(r)-1], len(r))
+	t.Logf("1,000 backends: first render %.1f ms (target < 500 ms; on screen %.0f ms after navigation start, every row in the DOM at %.0f ms); refresh median %.1f ms, max %.1f ms over %d (target < 100 ms)",
+		tm.First, tm.FirstShownAt, tm.AllRowsAt, r[len(r)/2], r[len(r)-1], len(r))
 	if len(tm.Parts) > 0 {
 		t.Logf("first render: building the HTML %.1f ms, into the DOM %.1f ms, the rest until the frame is shown", tm.Parts[0].Build, tm.Parts[0].DOM)
 	}

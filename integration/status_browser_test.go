@@ -515,3 +515,36 @@ func TestStatusPageRender1000(t *testing.T) {
 	run(t, ctx, 5*time.Second, chromedp.Evaluate[chromedp.Void](`(s => { s.value = "draining"; s.dispatchEvent(new Event("change")) })(document.getElementById("show"))`))
 	pageWait(t, ctx, 5*time.Second, "20 draining rows", `document.querySelectorAll(".row[data-id]").length === 20 && document.querySelectorAll('.row[data-draining="0"]').length === 0`)
 }
+
+// TestStatusPageFleetReadOnly renders what the control plane's page will show: nodes by zone,
+// and no drain buttons where the page cannot drain (it says how to instead).
+func TestStatusPageFleetReadOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	ctx := newBrowser(t)
+	now := time.Now().UTC()
+	snap := bigSnapshot(3, 0)
+	snap.Tier = status.TierXDS
+	snap.Actions = status.Actions{DrainHint: "to drain a backend, set drain: true in the pools file"}
+	snap.Nodes = []status.Node{
+		{ID: "envoy-b", Zone: "zone-b", Kind: "envoy", Connected: status.Ptr(now.Add(-time.Minute)), Versions: map[string]string{"cds": "7", "eds": "12"}},
+		{ID: "envoy-a", Zone: "zone-a", Kind: "envoy", Connected: status.Ptr(now.Add(-time.Hour)), Versions: map[string]string{"cds": "7"}},
+		{ID: "grpc-1", Zone: "zone-a", Kind: "grpc"},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/status.json" {
+			_ = status.ServeJSON(w, snap)
+			return
+		}
+		status.ServePage(w)
+	}))
+	t.Cleanup(srv.Close)
+	run(t, ctx, 30*time.Second, chromedp.Navigate(srv.URL+"/"))
+	pageWait(t, ctx, 10*time.Second, "three nodes and three backends", `document.querySelectorAll(".row[data-node]").length === 3 && document.querySelectorAll(".row[data-id]").length === 3`)
+	got := run(t, ctx, 5*time.Second, chromedp.Evaluate[string](`Array.from(document.querySelectorAll(".row[data-node]")).map(r => r.dataset.node).join(" ") + " | " +
+		document.querySelectorAll("button[data-act]").length + " | " + document.getElementById("main").innerText.includes("set drain: true in the pools file")`))
+	if got != "envoy-a grpc-1 envoy-b | 0 | true" {
+		t.Fatalf("nodes by zone, buttons, hint: %q", got)
+	}
+}

@@ -254,6 +254,8 @@ func (a *StatusAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 
 // UpstreamHealth is one upstream of one service in GET /stickylb/upstreams.
 type UpstreamHealth struct {
+	// Service names the reverse_proxy (its server's listen addresses); Upstream is the
+	// upstream's identity (its dial address).
 	Service  string `json:"service"`
 	Upstream string `json:"upstream"`
 	// Health is healthy or unhealthy as Caddy sees it now (active and passive checks).

@@ -12,8 +12,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/stickylb/stickylb/policies/sessions"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -304,5 +306,57 @@ func TestStatusRate(t *testing.T) {
 	}
 	if got := len(st.samples["status-rate-test"]); got > int(rateWindow/time.Second)+1 {
 		t.Fatalf("%d samples kept, want at most the window's", got)
+	}
+}
+
+// A keyed policy with a table: the service's sessions are the table's live mappings, and the
+// weights are those of its weighted_least_conn fallback; without a table nothing is counted.
+func TestStatusKeyedPolicyService(t *testing.T) {
+	const name = "status-test-table"
+	tbl, err := acquireTable(name, "sticky_url", sessions.Config{TTL: time.Minute, MaxEntries: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseTable(name)
+	tbl.Put("k1", "a:1")
+	tbl.Put("k2", "b:1")
+	p := &StickyURL{Query: "sid"}
+	p.core.table, p.core.tableKey, p.core.scope = tbl, name, name
+	p.core.stats = acquireScope(name)
+	defer releaseScope(name)
+	p.core.stats.misses.Add(2)
+	p.core.fallback = &WeightedLeastConn{Weights: []int{2}}
+	h := &reverseproxy.Handler{
+		LoadBalancing: &reverseproxy.LoadBalancing{SelectionPolicy: p},
+		Upstreams:     reverseproxy.UpstreamPool{{Dial: "a:1"}, {Dial: "b:1"}},
+	}
+	svc := serviceStatus("x", proxyRef{h: h, server: "srv0"}, nil, map[string]time.Time{}, time.Now())
+	if svc.Policy != "sticky_url" || svc.Balance != "weighted_least_conn" || svc.Affinity.Mode != "url" || svc.Affinity.Stateless ||
+		svc.Affinity.TTL != "1m0s" {
+		t.Fatalf("service: %+v", svc)
+	}
+	if svc.Load.Sessions == nil || *svc.Load.Sessions != 2 || svc.Load.SessionsCapacity == nil || *svc.Load.SessionsCapacity != 100 ||
+		!strings.Contains(svc.Load.SessionsNote, name) {
+		t.Fatalf("load: %+v", svc.Load)
+	}
+	if svc.Load.NewSessionsTotal == nil || *svc.Load.NewSessionsTotal != 2 || svc.Load.NewSessionsPerSec != nil {
+		t.Fatalf("new sessions %v, rate %v: want 2 and n/a (no status handler samples them)", svc.Load.NewSessionsTotal, svc.Load.NewSessionsPerSec)
+	}
+	for i, want := range []float64{2, 1} {
+		b := svc.Backends[i]
+		if *b.Weight != want || *b.EffectiveWeight != want || b.InFlight != nil || b.Health.State != status.Healthy {
+			t.Fatalf("backend %d: %+v", i, b)
+		}
+	}
+	if svc.Load.InFlight != nil {
+		t.Fatalf("service in flight %d though the backends' counts are unknown", *svc.Load.InFlight)
+	}
+
+	q := &StickyHeader{Name: "X-Session"}
+	q.core.scope = "status-test-notable"
+	h.LoadBalancing.SelectionPolicy = q
+	svc = serviceStatus("y", proxyRef{h: h, server: "srv0"}, nil, nil, time.Now())
+	if svc.Load.Sessions != nil || svc.Load.SessionsNote != noteNoTable || svc.Backends[0].Weight != nil || svc.Repins != nil {
+		t.Fatalf("no_table service: %+v", svc)
 	}
 }

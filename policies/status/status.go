@@ -217,9 +217,12 @@ type Health struct {
 
 // Node is a data-plane node connected to a control plane.
 type Node struct {
-	ID        string     `json:"id"`
-	Zone      string     `json:"zone,omitempty"`
-	Kind      string     `json:"kind,omitempty"` // envoy, grpc, xdp, caddy
+	// ID is the node's id as it presents itself; Zone its zone (empty: none).
+	ID   string `json:"id"`
+	Zone string `json:"zone,omitempty"`
+	// Kind is envoy, grpc, xdp or caddy, empty when unknown.
+	Kind string `json:"kind,omitempty"`
+	// Connected is when its current stream began, nil when unknown.
 	Connected *time.Time `json:"connected"`
 	// Versions ACKed, by resource type.
 	Versions map[string]string `json:"versions,omitempty"`

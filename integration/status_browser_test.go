@@ -362,6 +362,12 @@ func TestStatusPageBrowser(t *testing.T) {
 			t.Fatalf("admin upstreams: %+v", ups)
 		}
 	}
+	// What the page shows agrees with the JSON.
+	sum := run(t, ctx, 5*time.Second, chromedp.Evaluate[string](`document.querySelector("section.svc .sum").innerText`))
+	if !strings.Contains(sum, "3 backends: 2 healthy, 1 unhealthy, 1 draining") || !strings.Contains(sum, "in flight 0") ||
+		!strings.Contains(sum, "sessions n/a") || !strings.Contains(sum, "new sessions/s ") || strings.Contains(sum, "new sessions/s n/a") {
+		t.Fatalf("page summary %q", sum)
+	}
 	// The admin API serves the same model (times and rates aside).
 	norm := func(s status.Snapshot) string {
 		s.Time = time.Time{}

@@ -21,7 +21,7 @@ func init() {
 //	GET    /stickylb/sessions                   tables and policy scopes with their counts
 //	DELETE /stickylb/sessions                   flush every session table
 //	DELETE /stickylb/sessions/TABLE             flush one table
-//	GET    /stickylb/upstreams                  drained upstreams
+//	GET    /stickylb/upstreams                  drained upstreams; health of every upstream
 //	POST   /stickylb/upstreams/ADDR/drain       no new sessions for ADDR; pinned ones stay
 //	POST   /stickylb/upstreams/ADDR/undrain
 type AdminAPI struct{}
@@ -144,7 +144,7 @@ func handleUpstreams(w http.ResponseWriter, r *http.Request) error {
 		for addr, at := range drains.list() {
 			list[addr] = at.UTC().Format(time.RFC3339)
 		}
-		return writeJSON(w, map[string]any{"drained": list})
+		return writeJSON(w, map[string]any{"drained": list, "upstreams": upstreamsHealth(caddy.ActiveContext())})
 	}
 	i := strings.LastIndexByte(rest, '/')
 	if i <= 0 {

@@ -17,7 +17,10 @@
 //
 // The handler http.handlers.stickylb (Caddyfile directive stickylb) lets policies see the
 // upstream's response, which a Selector cannot. The admin module admin.api.stickylb serves
-// /stickylb/sessions and /stickylb/upstreams/ADDR/drain.
+// /stickylb/sessions and /stickylb/upstreams/ADDR/drain. The handler
+// http.handlers.stickylb_status (directive stickylb_status) serves the live status page of
+// every reverse_proxy, its JSON and its drain buttons; admin.api.stickylb_status serves the
+// JSON at /stickylb/status.json.
 //
 // Session tables, slow-start clocks and the drain set live in Caddy usage pools and
 // package-level registries so they survive config reloads; they are the only mutable state

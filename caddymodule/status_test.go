@@ -313,11 +313,11 @@ func TestStatusRate(t *testing.T) {
 // weights are those of its weighted_least_conn fallback; without a table nothing is counted.
 func TestStatusKeyedPolicyService(t *testing.T) {
 	const name = "status-test-table"
-	tbl, err := acquireTable(name, "sticky_url", sessions.Config{TTL: time.Minute, MaxEntries: 100})
+	tbl, err := acquireTable(name, "sticky_url", t.Name(), sessions.Config{TTL: time.Minute, MaxEntries: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer releaseTable(name)
+	defer releaseTable(tbl, name, t.Name())
 	tbl.Put("k1", "a:1")
 	tbl.Put("k2", "b:1")
 	p := &StickyURL{Query: "sid"}

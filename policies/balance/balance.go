@@ -1,6 +1,7 @@
-// Package balance chooses the backend of a new session or of an unkeyed request: weighted
-// least connections over a health view, slow start for backends that just joined or
-// recovered, and smooth weighted round robin.
+// Package balance holds what the tiers share for choosing the backend of a new session or
+// flow: slow start for backends that just joined or recovered, and smooth weighted round
+// robin. (Weighted least connections is a scan each tier does over its own counts: Caddy's
+// in caddymodule, the XDP forwarder's in its BPF program.)
 package balance
 
 import (
@@ -10,74 +11,6 @@ import (
 	"sync"
 	"time"
 )
-
-// Candidate is one backend as a picker sees it.
-type Candidate struct {
-	Active   int64   // requests or connections in flight
-	Weight   float64 // effective weight (slow start applied); <= 0 takes no new picks
-	Eligible bool    // healthy, not draining, not excluded for this request
-}
-
-func (c Candidate) ok() bool { return c.Eligible && c.Weight > 0 && !math.IsNaN(c.Weight) }
-
-// LeastConn picks the eligible candidate with the least load per weight, Active/Weight.
-// Ties, which are the rule when requests finish before the next arrives (everything at 0 in
-// flight), go to a smooth weighted round robin among the tied candidates, so that idle
-// backends still share requests in the ratio of their weights, in a fixed order rather
-// than by chance. (Scoring (Active+1)/Weight instead, as some balancers do, starves a
-// low-weight backend entirely while requests are sequential: 1/3 always beats 1/1.) The
-// zero value is ready; it is safe for concurrent use.
-type LeastConn struct {
-	mu      sync.Mutex
-	current []float64 // smooth WRR state for tie-breaking, by candidate index
-	tied    []int
-}
-
-// Pick returns the index in [0, n) of the chosen candidate, or -1 when none is eligible.
-// get is called once per index, under LeastConn's lock.
-func (l *LeastConn) Pick(n int, get func(i int) Candidate) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.current) != n {
-		l.current = make([]float64, n) // the pool changed shape: restart the tie order
-	}
-	l.tied = l.tied[:0]
-	var bestLoad float64
-	var weights [64]float64
-	ws := weights[:0]
-	for i := 0; i < n; i++ {
-		c := get(i)
-		if !c.ok() {
-			continue
-		}
-		load := float64(c.Active) / c.Weight
-		switch {
-		case len(l.tied) == 0 || load < bestLoad:
-			bestLoad = load
-			l.tied = append(l.tied[:0], i)
-			ws = append(ws[:0], c.Weight)
-		case load == bestLoad:
-			l.tied = append(l.tied, i)
-			ws = append(ws, c.Weight)
-		}
-	}
-	switch len(l.tied) {
-	case 0:
-		return -1
-	case 1:
-		return l.tied[0]
-	}
-	best, total := -1, 0.0
-	for j, i := range l.tied {
-		l.current[i] += ws[j]
-		total += ws[j]
-		if best < 0 || l.current[i] > l.current[best] {
-			best = i
-		}
-	}
-	l.current[best] -= total
-	return best
-}
 
 // SmoothWRR is nginx's smooth weighted round robin: each pick adds every weight to its
 // backend's credit, takes the backend with the most credit and charges it the total. With

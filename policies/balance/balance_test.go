@@ -2,7 +2,6 @@ package balance
 
 import (
 	"math"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,66 +26,6 @@ func TestSmoothWRRSequence(t *testing.T) {
 	}
 	if counts[0] != 450 || counts[1] != 0 || counts[2] != 150 {
 		t.Fatalf("counts %v, want exactly [450 0 150]", counts)
-	}
-}
-
-type sim struct {
-	active  []int64
-	weights []float64
-	ok      []bool
-}
-
-func (s *sim) get(i int) Candidate {
-	return Candidate{Active: s.active[i], Weight: s.weights[i], Eligible: s.ok[i]}
-}
-
-func TestLeastConnArgmin(t *testing.T) {
-	var l LeastConn
-	s := &sim{active: []int64{5, 1, 3}, weights: []float64{1, 1, 1}, ok: []bool{true, true, true}}
-	if got := l.Pick(3, s.get); got != 1 {
-		t.Fatalf("picked %d, want 1 (least active)", got)
-	}
-	// Weights: 5/10 = 0.5 beats 1/1.
-	s.weights = []float64{10, 1, 1}
-	if got := l.Pick(3, s.get); got != 0 {
-		t.Fatalf("picked %d, want 0 (least active per weight)", got)
-	}
-	s.ok[0] = false
-	if got := l.Pick(3, s.get); got != 1 {
-		t.Fatalf("picked %d, want 1 (0 not eligible)", got)
-	}
-	s.weights[1], s.weights[2] = 0, 0 // weight 0: no new picks
-	if got := l.Pick(3, s.get); got != -1 {
-		t.Fatalf("picked %d with nothing eligible", got)
-	}
-}
-
-// TestLeastConnSteadyState holds requests open (nothing completes) and checks that the
-// in-flight counts follow the weights exactly.
-func TestLeastConnSteadyState(t *testing.T) {
-	var l LeastConn
-	s := &sim{active: make([]int64, 3), weights: []float64{3, 2, 1}, ok: []bool{true, true, true}}
-	for i := 0; i < 600; i++ {
-		s.active[l.Pick(3, s.get)]++
-	}
-	if s.active[0] != 300 || s.active[1] != 200 || s.active[2] != 100 {
-		t.Fatalf("in flight %v, want [300 200 100]", s.active)
-	}
-}
-
-// TestLeastConnTiesFollowWeights: requests that finish before the next arrives leave every
-// backend at 0 in flight, so every pick ties on active; the weights still decide, in the
-// smooth WRR order.
-func TestLeastConnTiesFollowWeights(t *testing.T) {
-	var l LeastConn
-	s := &sim{active: make([]int64, 3), weights: []float64{1, 1, 1}, ok: []bool{true, true, true}}
-	s.weights = []float64{3, 2, 1}
-	counts := make([]int, 3)
-	for i := 0; i < 600; i++ {
-		counts[l.Pick(3, s.get)]++
-	}
-	if counts[0] != 300 || counts[1] != 200 || counts[2] != 100 {
-		t.Fatalf("weights 3:2:1, sequential requests: %v, want [300 200 100]", counts)
 	}
 }
 
@@ -150,23 +89,19 @@ func TestSlowStartValidate(t *testing.T) {
 	}
 }
 
-// TestSlowStartShares: a new backend beside two warm ones, equal weights, sequential
-// requests: its share of picks rises with the factor.
+// TestSlowStartShares: a new backend beside two warm ones, equal weights, picks in the
+// ratio of the weights (smooth WRR, weights in thousandths): its share rises with the factor.
 func TestSlowStartShares(t *testing.T) {
 	ss := SlowStart{Window: 10 * time.Second, Aggression: 1, MinWeightPercent: 10}
 	t0 := time.Unix(0, 0)
-	var l LeastConn
 	prev := 0.0
 	for _, at := range []time.Duration{time.Second, 4 * time.Second, 7 * time.Second, 11 * time.Second} {
 		now := t0.Add(at)
+		var wrr SmoothWRR
+		weights := []int{1000, 1000, int(math.Round(1000 * ss.Weight(1, t0, now)))}
 		n := 0
 		for i := 0; i < 1000; i++ {
-			c := []Candidate{
-				{Weight: 1, Eligible: true},
-				{Weight: 1, Eligible: true},
-				{Weight: ss.Weight(1, t0, now), Eligible: true},
-			}
-			if l.Pick(3, func(i int) Candidate { return c[i] }) == 2 {
+			if wrr.Next(weights) == 2 {
 				n++
 			}
 		}
@@ -177,20 +112,5 @@ func TestSlowStartShares(t *testing.T) {
 			t.Fatalf("at %s the new backend took %.3f, want %.3f (rising)", at, share, want)
 		}
 		prev = share
-	}
-}
-
-func BenchmarkLeastConnPick(b *testing.B) {
-	for _, n := range []int{3, 10, 100} {
-		c := make([]Candidate, n)
-		for i := range c {
-			c[i] = Candidate{Active: int64(i % 7), Weight: float64(1 + i%3), Eligible: true}
-		}
-		b.Run("upstreams="+strconv.Itoa(n), func(b *testing.B) {
-			var l LeastConn
-			for b.Loop() {
-				l.Pick(n, func(i int) Candidate { return c[i] })
-			}
-		})
 	}
 }

@@ -13,11 +13,10 @@ import (
 	"strings"
 )
 
+// page is the status page: one self-contained HTML file (no external assets).
+//
 //go:embed page.html
 var page []byte
-
-// Page returns the status page: one self-contained HTML file (no external assets).
-func Page() []byte { return page }
 
 // pageCSP allows the page its own inline style and script (by hash) and requests to its own
 // origin only, and forbids framing, so its drain buttons cannot be clickjacked.

@@ -90,7 +90,7 @@ func TestStatusValidate(t *testing.T) {
 // The page must be self-contained: nothing it loads may come from elsewhere, and the CSP
 // must carry the hash of exactly its inline script (else the browser runs nothing).
 func TestStatusPageSelfContained(t *testing.T) {
-	p := Page()
+	p := page
 	for _, bad := range []string{"http://", "https://", "src=", "<link", "@import", "url("} {
 		if bytes.Contains(p, []byte(bad)) {
 			t.Errorf("page holds %q: it must not load anything from elsewhere", bad)

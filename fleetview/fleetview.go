@@ -63,6 +63,14 @@ func Key(service, identity string) string { return service + "/" + identity }
 // State is the control plane's verdict on the backend with identity id of service.
 func (v *View) State(service, id string) health.State { return v.Verdicts[Key(service, id)].State }
 
+// StateSince is the control plane's verdict on the backend with identity id of service and
+// when it began (zero when the control plane does not say): a forwarder's slow start ramps
+// from that time, so every node fed the view ramps in step.
+func (v *View) StateSince(service, id string) (health.State, time.Time) {
+	vd := v.Verdicts[Key(service, id)]
+	return vd.State, vd.Since
+}
+
 // Encode builds the view of f's services with a vip, in file order of backends (Maglev
 // tables are built in that order), with verdict's health. verdict may be nil (Unknown).
 func Encode(f *pools.File, verdict func(service string, b *pools.Backend) Verdict) ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {

@@ -3,6 +3,7 @@ package l4xdp
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -28,7 +29,7 @@ func TestLoaderApplyView(t *testing.T) {
 		s.HealthCheck = &pools.HealthCheck{} // checked by the control plane, as a view marks it
 	}
 	verdicts := map[string]health.State{"a/10.9.1.2:80": health.Unhealthy}
-	view := func(service, id string) health.State { return verdicts[service+"/"+id] }
+	view := func(service, id string) (health.State, time.Time) { return verdicts[service+"/"+id], time.Time{} }
 	if err := l.ApplyView(f, view); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func TestLoaderApplyView(t *testing.T) {
 	} {
 		g, _ := pools.Parse("pools.yaml", []byte(loaderPoolsA))
 		bad.edit(g)
-		err := l.ApplyView(g, func(string, string) health.State { return health.Healthy })
+		err := l.ApplyView(g, func(string, string) (health.State, time.Time) { return health.Healthy, time.Time{} })
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Fatalf("got %v, want an error with %q", err, bad.want)
 		}

@@ -137,7 +137,7 @@ func TestXDPXDSFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--pools", p, "--xds", "127.0.0.1:18000", "--iface", "lo"}, "--pools and --xds exclude each other"},
-		{[]string{"--pools", p, "--zone", "a", "--iface", "lo"}, "go with --xds"},
+		{[]string{"--pools", p, "--node-id", "n1", "--iface", "lo"}, "go with --xds"}, // --zone serves both modes
 		{[]string{"--xds", "127.0.0.1:1", "--xds-ca", "/nonexistent/ca.pem", "--iface", "lo"}, "reading the CA file"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-cert", "n.pem", "--iface", "lo"}, "certificate and key go together"},
 	} {

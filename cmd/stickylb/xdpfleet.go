@@ -57,7 +57,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
 	defer l.Close()
 	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
-		if err := l.ApplyView(v.File, v.State); err != nil {
+		if err := l.ApplyView(v.File, v.StateSince); err != nil {
 			return fmt.Errorf("applying the view: %w", err)
 		}
 		log.Info("view applied", zap.Int("services", len(v.File.Services)))

@@ -45,6 +45,11 @@ type Verdict struct {
 	State health.State
 	// Since is when the backend entered State (zero when unknown).
 	Since time.Time
+	// From is the state the backend left at Since (Unknown when not said): a healthy
+	// verdict from unhealthy is a recovery, which a forwarder ramps with slow start from
+	// Since even if it never saw the backend down (it connected after), so every node
+	// ramps alike.
+	From health.State
 }
 
 // View is what an XDP node applies: the services with a vip (only the fields the
@@ -63,13 +68,9 @@ func Key(service, identity string) string { return service + "/" + identity }
 // State is the control plane's verdict on the backend with identity id of service.
 func (v *View) State(service, id string) health.State { return v.Verdicts[Key(service, id)].State }
 
-// StateSince is the control plane's verdict on the backend with identity id of service and
-// when it began (zero when the control plane does not say): a forwarder's slow start ramps
-// from that time, so every node fed the view ramps in step.
-func (v *View) StateSince(service, id string) (health.State, time.Time) {
-	vd := v.Verdicts[Key(service, id)]
-	return vd.State, vd.Since
-}
+// Verdict is the control plane's verdict on the backend with identity id of service
+// (the zero Verdict, Unknown, when there is none).
+func (v *View) Verdict(service, id string) Verdict { return v.Verdicts[Key(service, id)] }
 
 // Encode builds the view of f's services with a vip, in file order of backends (Maglev
 // tables are built in that order), with verdict's health. verdict may be nil (Unknown).
@@ -164,6 +165,9 @@ func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verd
 		}
 		if !v.Since.IsZero() {
 			f["health_since"] = structpb.NewStringValue(v.Since.UTC().Format(time.RFC3339Nano))
+		}
+		if v.From != health.Unknown {
+			f["health_from"] = structpb.NewStringValue(v.From.String())
 		}
 		for k, val := range map[string]string{"mac": b.MAC, "hash_key": b.HashKey, "zone": b.Zone} {
 			if val != "" {
@@ -453,7 +457,7 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 				b.Drain = f.boolean("backend_drain")
 			}
 			b.ServerID = uint16(f.uint("server_id", false, math.MaxUint16))
-			state, since := f.str("health", false), f.str("health_since", false)
+			state, since, from := f.str("health", false), f.str("health_since", false), f.str("health_from", false)
 			if f.err != nil {
 				return fmt.Errorf("endpoint %d: %w", i, f.err)
 			}
@@ -481,14 +485,11 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			}
 			seen[b.Identity()] = true
 			v := Verdict{}
-			switch state {
-			case "", health.Unknown.String():
-			case health.Healthy.String():
-				v.State = health.Healthy
-			case health.Unhealthy.String():
-				v.State = health.Unhealthy
-			default:
-				return fmt.Errorf("endpoint %s: health %q: want healthy, unhealthy or unknown", b.Address, state)
+			if v.State, err = parseState(state); err != nil {
+				return fmt.Errorf("endpoint %s: health %w", b.Address, err)
+			}
+			if v.From, err = parseState(from); err != nil {
+				return fmt.Errorf("endpoint %s: health_from %w", b.Address, err)
 			}
 			if since != "" {
 				t, err := time.Parse(time.RFC3339Nano, since)
@@ -497,13 +498,26 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 				}
 				v.Since = t
 			}
-			if v.State != health.Unknown || !v.Since.IsZero() {
+			if v.State != health.Unknown || !v.Since.IsZero() || v.From != health.Unknown {
 				verdicts[Key(s.Name, b.Identity())] = v
 			}
 			s.Backends = append(s.Backends, b)
 		}
 	}
 	return nil
+}
+
+// parseState reads a verdict's state ("" is Unknown).
+func parseState(s string) (health.State, error) {
+	switch s {
+	case "", health.Unknown.String():
+		return health.Unknown, nil
+	case health.Healthy.String():
+		return health.Healthy, nil
+	case health.Unhealthy.String():
+		return health.Unhealthy, nil
+	}
+	return health.Unknown, fmt.Errorf("%q: want healthy, unhealthy or unknown", s)
 }
 
 // Assembler joins the two halves of the view as an ADS client delivers them (clusters and

@@ -82,7 +82,7 @@ func TestRoundTrip(t *testing.T) {
 		case "10.0.6.1:443":
 			return Verdict{State: health.Unhealthy, Since: since}
 		case "b2":
-			return Verdict{State: health.Healthy, Since: since.Add(time.Second)}
+			return Verdict{State: health.Healthy, Since: since.Add(time.Second), From: health.Unhealthy}
 		}
 		return Verdict{}
 	})
@@ -141,8 +141,8 @@ func TestRoundTrip(t *testing.T) {
 	if st := v.Verdicts[Key("web", "10.0.6.1:443")]; st.State != health.Unhealthy || !st.Since.Equal(since) {
 		t.Errorf("web/10.0.6.1:443: %+v", st)
 	}
-	if st := v.State("web", "b2"); st != health.Healthy {
-		t.Errorf("web/b2: %v", st)
+	if st := v.Verdict("web", "b2"); st.State != health.Healthy || st.From != health.Unhealthy || !st.Since.Equal(since.Add(time.Second)) {
+		t.Errorf("web/b2: %+v", st)
 	}
 	if st := v.State("web", "10.0.6.3:443"); st != health.Unknown {
 		t.Errorf("web/10.0.6.3:443: %v", st)
@@ -181,6 +181,9 @@ func TestDecodeRejects(t *testing.T) {
 		}},
 		{"round robin with a keyed affinity", "keyed affinity hashes with maglev", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
 			c.Metadata.FilterMetadata[MetadataKey].Fields["balance"] = structpb.NewStringValue(pools.BalanceRoundRobin)
+		}},
+		{"bad health_from", `health_from "dizzy"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health_from"] = structpb.NewStringValue("dizzy")
 		}},
 		{"bad health", `health "sick"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health"] = structpb.NewStringValue("sick")

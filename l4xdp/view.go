@@ -13,17 +13,27 @@ import (
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
-// Verdicts says what the control plane decided about a backend (identity id) of a service,
-// and since when (the control plane's clock; zero when it does not say). Unknown means no
-// verdict yet: the backend keeps the last verdict this forwarder had (from the pinned maps
-// after a restart), so a control plane that restarts does not put a dead backend back for
-// its first probe; a backend never judged takes new flows. A service whose HealthCheck is
-// nil is not checked: its backends all take new flows.
+// Verdict is the control plane's verdict on one backend.
+type Verdict struct {
+	State health.State
+	// Since is when the backend entered State, on the control plane's clock (zero when it
+	// does not say).
+	Since time.Time
+	// From is the state it left at Since (Unknown when not said).
+	From health.State
+}
+
+// Verdicts says what the control plane decided about a backend (identity id) of a service.
+// Unknown means no verdict yet: the backend keeps the last verdict this forwarder had (from
+// the pinned maps after a restart), so a control plane that restarts does not put a dead
+// backend back for its first probe; a backend never judged takes new flows. A service
+// whose HealthCheck is nil is not checked: its backends all take new flows.
 //
-// The time starts slow start: a backend whose verdict turns from unhealthy to healthy
-// ramps from the time the control plane gives, not from when this node heard of it, so
-// every node fed the same view builds the same table at the same step.
-type Verdicts func(service, id string) (health.State, time.Time)
+// The time starts slow start: a backend found healthy after unhealthy (From, or this
+// node's own last verdict) ramps from Since, not from when this node heard of it, so every
+// node fed the same view builds the same table at the same step, one that connected after
+// the backend went down too.
+type Verdicts func(service, id string) Verdict
 
 // ApplyView installs f's vip services with the control plane's verdicts instead of the
 // loader's own probes (its health checkers are stopped, and stay stopped). A view the
@@ -57,22 +67,35 @@ func (l *Loader) ApplyView(f *pools.File, verdicts Verdicts) error {
 }
 
 // externalDownLocked is unhealthyLocked for a loader fed by a control plane: the verdict
-// decides, Unknown keeps the last one, and a verdict that turns healthy from unhealthy
-// (as this node last knew it, pinned maps included) starts key's ramp at the control
-// plane's transition time.
+// decides, Unknown keeps the last one, and a healthy verdict that follows an unhealthy one
+// (as the control plane says, or as this node last knew it, pinned maps included) ramps
+// key from the control plane's transition time. Setting the ramp's start again on every
+// view is harmless: it is the same time, and a ramp past its window is done.
 func (l *Loader) externalDownLocked(s *pools.Service, key string, b *pools.Backend) bool {
-	st, since := l.external(s.Name, b.Identity())
-	if st == health.Unknown {
+	v := l.external(s.Name, b.Identity())
+	if v.State == health.Unknown {
 		return l.lastDown[key]
 	}
-	if was, ok := l.lastDown[key]; ok && was && st == health.Healthy {
+	if v.State == health.Healthy && (v.From == health.Unhealthy || l.lastDown[key]) {
+		since := v.Since
 		if since.IsZero() {
 			since = l.now() // a control plane that gives no time: this node's best guess
 		}
-		l.recoveredLocked(key, since)
+		if !l.rampDoneLocked(s, key, since) {
+			l.recoveredLocked(key, since)
+		}
 	}
-	l.lastDown[key] = st == health.Unhealthy
+	l.lastDown[key] = v.State == health.Unhealthy
 	return l.lastDown[key]
+}
+
+// rampDoneLocked says whether a ramp of s's backend key from since is over (or another,
+// later one already runs): no need to track it.
+func (l *Loader) rampDoneLocked(s *pools.Service, key string, since time.Time) bool {
+	if cur, ok := l.rampFrom[key]; ok && cur.After(since) {
+		return true
+	}
+	return rampStep(slowStartOf(s), since, l.now()) >= rampSteps
 }
 
 // joinTimeLocked is when a backend that joins (first seen in a view, or added to the pools
@@ -82,8 +105,8 @@ func (l *Loader) joinTimeLocked(s *pools.Service, b *pools.Backend, now time.Tim
 	if l.external == nil || s.HealthCheck == nil {
 		return now
 	}
-	if st, since := l.external(s.Name, b.Identity()); st == health.Healthy && !since.IsZero() {
-		return since
+	if v := l.external(s.Name, b.Identity()); v.State == health.Healthy && !v.Since.IsZero() {
+		return v.Since
 	}
 	return now
 }

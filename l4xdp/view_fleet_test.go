@@ -52,7 +52,11 @@ func feed(t *testing.T, l *Loader, src string, verdicts map[string]fleetview.Ver
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.ApplyView(v.File, v.StateSince); err != nil {
+	fed := func(service, id string) Verdict {
+		vd := v.Verdict(service, id)
+		return Verdict{State: vd.State, Since: vd.Since, From: vd.From}
+	}
+	if err := l.ApplyView(v.File, fed); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -143,9 +147,10 @@ func fedFile(backends int) string {
 
 // Two nodes fed the same view ramp a recovered backend from the control plane's
 // transition time (health_since), whatever each saw before (one saw the control plane
-// restart, verdicts unknown, in between), so they hold the same table at the same step; a
-// node fed a later transition time is at another step; a backend first seen in a view
-// ramps from its verdict's time on both.
+// restart, verdicts unknown, in between; a third never saw the backend down and goes by
+// health_from), so they hold the same table at the same step; a node fed a later
+// transition time is at another step; a backend first seen in a view ramps from its
+// verdict's time on both.
 func TestFedSlowStartSameStep(t *testing.T) {
 	now := time.Now()
 	const b2 = "web/10.0.5.2:80"
@@ -183,6 +188,17 @@ func TestFedSlowStartSameStep(t *testing.T) {
 	}
 	if fa, fb := flowBackends(t, a, 500), flowBackends(t, b, 500); !slices.Equal(fa, fb) {
 		t.Error("the same new flows went to different backends on the two nodes")
+	}
+
+	// A node that connected after the backend went down (it never saw it unhealthy) ramps
+	// it too when the control plane says the healthy verdict followed an unhealthy one.
+	d := newFedLoader(t, "")
+	feed(t, d, fedFile(4), map[string]fleetview.Verdict{b2: {State: health.Healthy, Since: up[b2].Since, From: health.Unhealthy}})
+	if w := weightOf(t, d, b2); w != 50 {
+		t.Errorf("a node that never saw the backend down: weight %d, want 50", w)
+	}
+	if !slices.Equal(ta, tableNames(t, d, "web")) {
+		t.Error("a node that connected after the backend went down holds another table")
 	}
 
 	// A node that heard the transition as just happened is at step 0: its clock is the

@@ -45,11 +45,12 @@ func (n Node) shareKey() string {
 	return "envoy/" + n.Zone
 }
 
-// verdictTimes remembers when each backend last changed state, for the XDP view's
-// health_since (the checker's transitions carry it).
+// verdictTimes remembers when each backend last changed state, and from what, for the XDP
+// view's health_since and health_from (the checker's transitions carry both).
 type verdictTimes struct {
 	mu    sync.Mutex
-	since map[string]time.Time // fleetview.Key(service, identity)
+	since map[string]time.Time    // fleetview.Key(service, identity)
+	from  map[string]health.State // the state left at since
 }
 
 // RecordTransition notes a health transition's time, published with the verdict to XDP
@@ -58,9 +59,10 @@ func (s *Server) RecordTransition(service string, tr health.Transition) {
 	s.verdicts.mu.Lock()
 	defer s.verdicts.mu.Unlock()
 	if s.verdicts.since == nil {
-		s.verdicts.since = map[string]time.Time{}
+		s.verdicts.since, s.verdicts.from = map[string]time.Time{}, map[string]health.State{}
 	}
 	s.verdicts.since[fleetview.Key(service, tr.ID)] = tr.At
+	s.verdicts.from[fleetview.Key(service, tr.ID)] = tr.From
 }
 
 func (s *Server) verdictOf(service string, b *pools.Backend) fleetview.Verdict {
@@ -72,6 +74,7 @@ func (s *Server) verdictOf(service string, b *pools.Backend) fleetview.Verdict {
 	defer s.verdicts.mu.Unlock()
 	if v.State != health.Unknown {
 		v.Since = s.verdicts.since[fleetview.Key(service, b.Identity())]
+		v.From = s.verdicts.from[fleetview.Key(service, b.Identity())]
 	}
 	return v
 }

@@ -76,10 +76,11 @@ func (l *Loader) externalDownLocked(s *pools.Service, key string, b *pools.Backe
 	if v.State == health.Unknown {
 		return l.lastDown[key]
 	}
-	if v.State == health.Healthy && (v.From == health.Unhealthy || l.lastDown[key]) {
+	// From counts only with a time: a start of "now" on every view would never step.
+	if v.State == health.Healthy && (v.From == health.Unhealthy && !v.Since.IsZero() || l.lastDown[key]) {
 		since := v.Since
 		if since.IsZero() {
-			since = l.now() // a control plane that gives no time: this node's best guess
+			since = l.now() // a control plane that gives no time: this node's best guess, once
 		}
 		if !l.rampDoneLocked(s, key, since) {
 			l.recoveredLocked(key, since)

@@ -295,3 +295,35 @@ func TestFedZones(t *testing.T) {
 		}
 	})
 }
+
+// A fed node steps its ramps on its own between views (the maintenance loop runs for a
+// loader fed by a control plane too): a backend recovered just now rises from the floor
+// to its full weight within the window, plus the loop's tick and a stated slack.
+func TestFedSlowStartStepsWithoutViews(t *testing.T) {
+	const window = time.Second
+	src := strings.Replace(fedFile(2), "window: 200s", "window: 1s", 1)
+	l := newFedLoader(t, "")
+	const b2 = "web/10.0.5.2:80"
+	feed(t, l, src, map[string]fleetview.Verdict{b2: {State: health.Unhealthy}})
+	start := time.Now()
+	feed(t, l, src, map[string]fleetview.Verdict{b2: {State: health.Healthy, Since: start, From: health.Unhealthy}})
+	if w := weightOf(t, l, b2); w >= 50 {
+		t.Fatalf("weight %d at the ramp's start", w)
+	}
+	seen := map[uint32]bool{}
+	deadline := start.Add(window + maintainTick + time.Second) // slack: a loaded 2-core machine
+	for {
+		w := weightOf(t, l, b2)
+		seen[w] = true
+		if w == 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("weight %d %s after the recovery (window %s); weights seen %v", w, time.Since(start), window, seen)
+		}
+		time.Sleep(maintainTick / 5) // polling the map, not waiting for an outcome
+	}
+	if len(seen) < 5 {
+		t.Errorf("the ramp went through %d weights, want many of its %d steps: %v", len(seen), rampSteps, seen)
+	}
+}

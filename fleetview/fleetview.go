@@ -45,6 +45,11 @@ type Verdict struct {
 	State health.State
 	// Since is when the backend entered State (zero when unknown).
 	Since time.Time
+	// From is the state the backend left at Since (Unknown when not said): a healthy
+	// verdict from unhealthy is a recovery, which a forwarder ramps with slow start from
+	// Since even if it never saw the backend down (it connected after), so every node
+	// ramps alike.
+	From health.State
 }
 
 // View is what an XDP node applies: the services with a vip (only the fields the
@@ -62,6 +67,10 @@ func Key(service, identity string) string { return service + "/" + identity }
 
 // State is the control plane's verdict on the backend with identity id of service.
 func (v *View) State(service, id string) health.State { return v.Verdicts[Key(service, id)].State }
+
+// Verdict is the control plane's verdict on the backend with identity id of service
+// (the zero Verdict, Unknown, when there is none).
+func (v *View) Verdict(service, id string) Verdict { return v.Verdicts[Key(service, id)] }
 
 // Encode builds the view of f's services with a vip, in file order of backends (Maglev
 // tables are built in that order), with verdict's health. verdict may be nil (Unknown).
@@ -95,6 +104,24 @@ func encodeCluster(s *pools.Service) *clusterv3.Cluster {
 	if s.Affinity.QUICCID != nil {
 		f["cid_length"] = structpb.NewNumberValue(float64(s.Affinity.QUICCID.CIDLength))
 	}
+	// Zones: a node keeps to its own zone with cross_zone false; drained zones are listed
+	// (not only folded into each endpoint's drain) because a drained zone is the last
+	// resort, which a plain drain is not.
+	f["cross_zone"] = structpb.NewBoolValue(s.CrossZone)
+	if len(s.DrainedZones) > 0 {
+		zs := make([]*structpb.Value, len(s.DrainedZones))
+		for i, z := range s.DrainedZones {
+			zs[i] = structpb.NewStringValue(z)
+		}
+		f["drained_zones"] = structpb.NewListValue(&structpb.ListValue{Values: zs})
+	}
+	if ss := s.SlowStart; ss != nil {
+		f["slow_start"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"window_seconds":     structpb.NewNumberValue(ss.Window.Seconds()),
+			"aggression":         structpb.NewNumberValue(ss.Aggression),
+			"min_weight_percent": structpb.NewNumberValue(ss.MinWeightPercent),
+		}})
+	}
 	return &clusterv3.Cluster{
 		Name:                 s.Name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -125,13 +152,22 @@ func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verd
 		case v.State == health.Healthy:
 			status = corev3.HealthStatus_HEALTHY
 		}
+		// drain folds in the drained zones, so a reader that knows nothing of zones still
+		// sends no new flow there; backend_drain is the backend's own, which a reader of
+		// drained_zones needs to keep a drained zone as the last resort.
 		f := map[string]*structpb.Value{
 			"address": structpb.NewStringValue(b.Address),
 			"drain":   structpb.NewBoolValue(drain),
 			"health":  structpb.NewStringValue(v.State.String()),
 		}
+		if b.Drain {
+			f["backend_drain"] = structpb.NewBoolValue(true)
+		}
 		if !v.Since.IsZero() {
 			f["health_since"] = structpb.NewStringValue(v.Since.UTC().Format(time.RFC3339Nano))
+		}
+		if v.From != health.Unknown {
+			f["health_from"] = structpb.NewStringValue(v.From.String())
 		}
 		for k, val := range map[string]string{"mac": b.MAC, "hash_key": b.HashKey, "zone": b.Zone} {
 			if val != "" {
@@ -271,6 +307,90 @@ func (f *fields) boolean(key string) bool {
 	return b.BoolValue
 }
 
+// number reads a finite number >= 0 (0 when absent).
+func (f *fields) number(key string) float64 {
+	v, ok := f.m[key]
+	if !ok {
+		return 0
+	}
+	n, ok := v.GetKind().(*structpb.Value_NumberValue)
+	if !ok || math.IsNaN(n.NumberValue) || math.IsInf(n.NumberValue, 0) || n.NumberValue < 0 {
+		f.fail("%s: %v is not a number >= 0", key, v.AsInterface())
+		return 0
+	}
+	return n.NumberValue
+}
+
+// boolOr reads a boolean, def when absent (a control plane older than the field).
+func (f *fields) boolOr(key string, def bool) bool {
+	if _, ok := f.m[key]; !ok {
+		return def
+	}
+	return f.boolean(key)
+}
+
+// strings reads a list of strings.
+func (f *fields) strings(key string) []string {
+	v, ok := f.m[key]
+	if !ok {
+		return nil
+	}
+	l, ok := v.GetKind().(*structpb.Value_ListValue)
+	if !ok {
+		f.fail("%s: not a list", key)
+		return nil
+	}
+	var out []string
+	for i, e := range l.ListValue.GetValues() {
+		s, ok := e.GetKind().(*structpb.Value_StringValue)
+		if !ok {
+			f.fail("%s[%d]: not a string", key, i)
+			return nil
+		}
+		out = append(out, s.StringValue)
+	}
+	return out
+}
+
+// sub reads a nested struct (nil when absent).
+func (f *fields) sub(key string) *fields {
+	v, ok := f.m[key]
+	if !ok {
+		return nil
+	}
+	st, ok := v.GetKind().(*structpb.Value_StructValue)
+	if !ok {
+		f.fail("%s: not a struct", key)
+		return nil
+	}
+	return &fields{m: st.StructValue.GetFields()}
+}
+
+// slowStart reads the slow_start struct: the window, the aggression and the floor, as the
+// pools file's slow_start (the formula is policies/balance's on every tier).
+func (f *fields) slowStart() *pools.SlowStart {
+	sf := f.sub("slow_start")
+	if sf == nil {
+		return nil
+	}
+	ss := &pools.SlowStart{Window: time.Duration(sf.number("window_seconds") * float64(time.Second)),
+		Aggression: sf.number("aggression"), MinWeightPercent: sf.number("min_weight_percent")}
+	switch {
+	case sf.err != nil:
+		f.fail("slow_start.%w", sf.err)
+	case ss.Window <= 0:
+		f.fail("slow_start.window_seconds: want > 0")
+	case ss.Aggression <= 0:
+		f.fail("slow_start.aggression: want > 0")
+	case ss.MinWeightPercent > 100:
+		f.fail("slow_start.min_weight_percent: %v is over 100", ss.MinWeightPercent)
+	}
+	return ss
+}
+
+// xdpBalances are the balance algorithms a forwarder implements.
+var xdpBalances = []string{pools.BalanceMaglev, pools.BalanceRoundRobin, pools.BalanceLeastConn}
+
 // xdpModes are the affinity modes a forwarder implements (the 5-tuple for none).
 var xdpModes = []string{pools.ModeNone, pools.ModeSourceIP, pools.ModeQUICCID}
 
@@ -289,6 +409,9 @@ func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
 	if f.boolean("health_checked") {
 		s.HealthCheck = &pools.HealthCheck{}
 	}
+	s.CrossZone = f.boolOr("cross_zone", true) // the pools file's default
+	s.DrainedZones = f.strings("drained_zones")
+	s.SlowStart = f.slowStart()
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -301,8 +424,11 @@ func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
 	if !slices.Contains(xdpModes, s.Affinity.Mode) {
 		return nil, fmt.Errorf("unknown affinity mode %q for a forwarder (want one of %v)", s.Affinity.Mode, xdpModes)
 	}
-	if s.Balance != pools.BalanceMaglev {
-		return nil, fmt.Errorf("balance %q: a forwarder builds Maglev tables only", s.Balance)
+	if !slices.Contains(xdpBalances, s.Balance) {
+		return nil, fmt.Errorf("balance %q: a forwarder implements %v", s.Balance, xdpBalances)
+	}
+	if s.Affinity.Mode != pools.ModeNone && s.Balance != pools.BalanceMaglev {
+		return nil, fmt.Errorf("balance %q with affinity %s: a keyed affinity hashes with maglev", s.Balance, s.Affinity.Mode)
 	}
 	if s.Hash.TableSize == 0 {
 		return nil, errors.New("table_size 0")
@@ -326,8 +452,12 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			}
 			b := &pools.Backend{Address: f.str("address", false), MAC: f.str("mac", false), HashKey: f.str("hash_key", false),
 				Zone: f.str("zone", false), Drain: f.boolean("drain"), Weight: e.GetLoadBalancingWeight().GetValue()}
+			if s.ZoneDrained(b.Zone) {
+				// Drained by its zone, the last resort, unless the backend drains itself.
+				b.Drain = f.boolean("backend_drain")
+			}
 			b.ServerID = uint16(f.uint("server_id", false, math.MaxUint16))
-			state, since := f.str("health", false), f.str("health_since", false)
+			state, since, from := f.str("health", false), f.str("health_since", false), f.str("health_from", false)
 			if f.err != nil {
 				return fmt.Errorf("endpoint %d: %w", i, f.err)
 			}
@@ -355,14 +485,11 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			}
 			seen[b.Identity()] = true
 			v := Verdict{}
-			switch state {
-			case "", health.Unknown.String():
-			case health.Healthy.String():
-				v.State = health.Healthy
-			case health.Unhealthy.String():
-				v.State = health.Unhealthy
-			default:
-				return fmt.Errorf("endpoint %s: health %q: want healthy, unhealthy or unknown", b.Address, state)
+			if v.State, err = parseState(state); err != nil {
+				return fmt.Errorf("endpoint %s: health %w", b.Address, err)
+			}
+			if v.From, err = parseState(from); err != nil {
+				return fmt.Errorf("endpoint %s: health_from %w", b.Address, err)
 			}
 			if since != "" {
 				t, err := time.Parse(time.RFC3339Nano, since)
@@ -371,13 +498,26 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 				}
 				v.Since = t
 			}
-			if v.State != health.Unknown || !v.Since.IsZero() {
+			if v.State != health.Unknown || !v.Since.IsZero() || v.From != health.Unknown {
 				verdicts[Key(s.Name, b.Identity())] = v
 			}
 			s.Backends = append(s.Backends, b)
 		}
 	}
 	return nil
+}
+
+// parseState reads a verdict's state ("" is Unknown).
+func parseState(s string) (health.State, error) {
+	switch s {
+	case "", health.Unknown.String():
+		return health.Unknown, nil
+	case health.Healthy.String():
+		return health.Healthy, nil
+	case health.Unhealthy.String():
+		return health.Unhealthy, nil
+	}
+	return health.Unknown, fmt.Errorf("%q: want healthy, unhealthy or unknown", s)
 }
 
 // Assembler joins the two halves of the view as an ADS client delivers them (clusters and

@@ -2,6 +2,7 @@ package fleetview
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,11 +26,22 @@ const file = `services:
     hash: {table_size: 251}
     health_check: {protocol: tcp}
     drained_zones: [z3]
+    cross_zone: false
+    slow_start: {window: 1500ms, aggression: 1.5, min_weight_percent: 5}
     backends:
       - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: z1}
       - {address: 10.0.6.2:443, weight: 3, hash_key: b2, zone: z2}
       - {address: 10.0.6.3:443, drain: true}
       - {address: 10.0.6.4:443, zone: z3}
+      - {address: 10.0.6.5:443, zone: z3, drain: true}
+  - name: wlc
+    protocol: tcp
+    vip: 10.0.0.101:25
+    balance: weighted_least_conn
+    slow_start: {window: 10s}
+    backends:
+      - {address: 10.0.6.1:25, zone: z1}
+      - {address: 10.0.6.2:25, weight: 2, zone: z2}
   - name: quic
     protocol: udp
     vip: 10.0.0.100:8443
@@ -70,14 +82,18 @@ func TestRoundTrip(t *testing.T) {
 		case "10.0.6.1:443":
 			return Verdict{State: health.Unhealthy, Since: since}
 		case "b2":
-			return Verdict{State: health.Healthy, Since: since.Add(time.Second)}
+			return Verdict{State: health.Healthy, Since: since.Add(time.Second), From: health.Unhealthy}
 		}
 		return Verdict{}
 	})
-	if len(cs) != 2 || len(ls) != 2 {
-		t.Fatalf("%d clusters and %d assignments, want 2 each (api has no vip)", len(cs), len(ls))
+	if len(cs) != 3 || len(ls) != 3 {
+		t.Fatalf("%d clusters and %d assignments, want 3 each (api has no vip)", len(cs), len(ls))
 	}
-	for _, m := range append([]proto.Message{cs[0], cs[1]}, ls[0], ls[1]) {
+	var all []proto.Message
+	for i := range cs {
+		all = append(all, cs[i], ls[i])
+	}
+	for _, m := range all {
 		if err := m.(interface{ ValidateAll() error }).ValidateAll(); err != nil {
 			t.Fatalf("Envoy's validation: %v", err)
 		}
@@ -87,7 +103,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v.File.Services) != 2 {
+	if len(v.File.Services) != 3 {
 		t.Fatalf("%d services decoded", len(v.File.Services))
 	}
 	for _, got := range v.File.Services {
@@ -95,6 +111,12 @@ func TestRoundTrip(t *testing.T) {
 		if got.VIP != want.VIP || got.Protocol != want.Protocol || got.Affinity.Mode != want.Affinity.Mode ||
 			got.Balance != want.Balance || got.Hash.TableSize != want.Hash.TableSize || got.IdleTimeout != want.IdleTimeout {
 			t.Errorf("service %s: got %+v, want %+v", got.Name, got, want)
+		}
+		if got.CrossZone != want.CrossZone || !slices.Equal(got.DrainedZones, want.DrainedZones) {
+			t.Errorf("service %s: cross_zone %v drained_zones %v, want %v %v", got.Name, got.CrossZone, got.DrainedZones, want.CrossZone, want.DrainedZones)
+		}
+		if (got.SlowStart == nil) != (want.SlowStart == nil) || got.SlowStart != nil && *got.SlowStart != *want.SlowStart {
+			t.Errorf("service %s: slow_start %+v, want %+v", got.Name, got.SlowStart, want.SlowStart)
 		}
 		if (got.HealthCheck == nil) != (want.HealthCheck == nil) {
 			t.Errorf("service %s: health checked %v, want %v", got.Name, got.HealthCheck != nil, want.HealthCheck != nil)
@@ -108,18 +130,19 @@ func TestRoundTrip(t *testing.T) {
 		}
 		for i, gb := range got.Backends {
 			wb := want.Backends[i]
-			drain := wb.Drain || want.ZoneDrained(wb.Zone) // drained zones arrive as drain
+			// A drained zone's backend is not a draining one (the zone is the last resort)
+			// unless it drains itself.
 			if gb.Address != wb.Address || gb.Weight != wb.Weight || gb.Zone != wb.Zone || gb.HashKey != wb.HashKey ||
-				gb.ServerID != wb.ServerID || gb.MAC != wb.MAC || gb.Drain != drain {
-				t.Errorf("service %s backend %d: got %+v, want %+v (drain %v)", got.Name, i, gb, wb, drain)
+				gb.ServerID != wb.ServerID || gb.MAC != wb.MAC || gb.Drain != wb.Drain {
+				t.Errorf("service %s backend %d: got %+v, want %+v", got.Name, i, gb, wb)
 			}
 		}
 	}
 	if st := v.Verdicts[Key("web", "10.0.6.1:443")]; st.State != health.Unhealthy || !st.Since.Equal(since) {
 		t.Errorf("web/10.0.6.1:443: %+v", st)
 	}
-	if st := v.State("web", "b2"); st != health.Healthy {
-		t.Errorf("web/b2: %v", st)
+	if st := v.Verdict("web", "b2"); st.State != health.Healthy || st.From != health.Unhealthy || !st.Since.Equal(since.Add(time.Second)) {
+		t.Errorf("web/b2: %+v", st)
 	}
 	if st := v.State("web", "10.0.6.3:443"); st != health.Unknown {
 		t.Errorf("web/10.0.6.3:443: %v", st)
@@ -146,6 +169,21 @@ func TestDecodeRejects(t *testing.T) {
 		{"no metadata", "no metadata", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) { c.Metadata = nil }},
 		{"bad mac", "not a 6-byte MAC", func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["mac"] = structpb.NewStringValue("zz")
+		}},
+		{"no window", "slow_start.window_seconds: want > 0", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["slow_start"].GetStructValue().Fields["window_seconds"] = structpb.NewNumberValue(0)
+		}},
+		{"zones not a list", "drained_zones: not a list", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["drained_zones"] = structpb.NewStringValue("z3")
+		}},
+		{"unknown balance", `balance "random"`, func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["balance"] = structpb.NewStringValue("random")
+		}},
+		{"round robin with a keyed affinity", "keyed affinity hashes with maglev", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["balance"] = structpb.NewStringValue(pools.BalanceRoundRobin)
+		}},
+		{"bad health_from", `health_from "dizzy"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health_from"] = structpb.NewStringValue("dizzy")
 		}},
 		{"bad health", `health "sick"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health"] = structpb.NewStringValue("sick")
@@ -190,7 +228,7 @@ func TestAssembler(t *testing.T) {
 	if err := a.Endpoints("1", l); err != nil || len(applied) != 0 {
 		t.Fatalf("endpoints first: %v, %d applied", err, len(applied))
 	}
-	if err := a.Clusters("1", c); err != nil || len(applied) != 1 || len(applied[0].File.Services) != 2 {
+	if err := a.Clusters("1", c); err != nil || len(applied) != 1 || len(applied[0].File.Services) != 3 {
 		t.Fatalf("then clusters: %v, %d applied", err, len(applied))
 	}
 	refuse = true
@@ -200,7 +238,35 @@ func TestAssembler(t *testing.T) {
 		t.Fatal("a refused view was accepted")
 	}
 	refuse = false
-	if err := a.Endpoints("3", l); err != nil || len(applied) != 2 || len(applied[1].File.Services) != 2 {
+	if err := a.Endpoints("3", l); err != nil || len(applied) != 2 || len(applied[1].File.Services) != 3 {
 		t.Fatalf("after a refusal the last accepted clusters stay: %v, %d applied", err, len(applied))
+	}
+}
+
+// TestDrainedZoneReaders: a reader that knows nothing of drained_zones (an older node)
+// still sees a drained zone's backends as draining, in drain and in the health status; a
+// view from a control plane that sends no drained_zones (an older one) decodes drain as
+// given, and no cross_zone as on.
+func TestDrainedZoneReaders(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, ls := Encode(f, nil)
+	z3 := ls[0].Endpoints[0].LbEndpoints[3]
+	if md := z3.Metadata.FilterMetadata[MetadataKey].Fields; !md["drain"].GetBoolValue() || md["backend_drain"] != nil ||
+		z3.GetHealthStatus().String() != "DRAINING" {
+		t.Fatalf("a drained zone's backend: metadata %v, status %v", md, z3.GetHealthStatus())
+	}
+	delete(cs[0].Metadata.FilterMetadata[MetadataKey].Fields, "drained_zones")
+	delete(cs[0].Metadata.FilterMetadata[MetadataKey].Fields, "cross_zone")
+	c, l := byName(cs, ls)
+	v, err := Decode(c, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := v.File.Service("web")
+	if !web.Backends[3].Drain || !web.CrossZone || len(web.DrainedZones) != 0 {
+		t.Fatalf("an older control plane's view: drain %v, cross_zone %v, drained_zones %v", web.Backends[3].Drain, web.CrossZone, web.DrainedZones)
 	}
 }

@@ -134,7 +134,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 				put("zeroing the counters of "+p.key, l.fw.zeroCounter(l.fw.objs.BackendStats, p.slot))
 				put("zeroing the active connections of "+p.key, l.fw.objs.Active.Put(p.slot, int64(0)))
 				if l.file != nil {
-					l.joinedLocked(p.key, now) // a backend that joins ramps up
+					l.joinedLocked(p.key, l.joinTimeLocked(s, p.b, now)) // a backend that joins ramps up
 				}
 			}
 			put("zone of "+p.key, l.fw.setZone(p.slot, p.b.Zone))
@@ -277,14 +277,10 @@ func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend)
 		delete(l.lastDown, key)
 		return false
 	}
-	var st health.State
 	if l.external != nil {
-		// The control plane's verdict; Unknown from a control plane that has not probed
-		// yet (just restarted) keeps the last one.
-		st = l.external(s.Name, b.Identity())
-	} else {
-		st = l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
+		return l.externalDownLocked(s, key, b) // the control plane's verdict
 	}
+	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
 	if st == health.Unknown {
 		return l.lastDown[key]
 	}

@@ -7,17 +7,33 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
+
+// Verdict is the control plane's verdict on one backend.
+type Verdict struct {
+	State health.State
+	// Since is when the backend entered State, on the control plane's clock (zero when it
+	// does not say).
+	Since time.Time
+	// From is the state it left at Since (Unknown when not said).
+	From health.State
+}
 
 // Verdicts says what the control plane decided about a backend (identity id) of a service.
 // Unknown means no verdict yet: the backend keeps the last verdict this forwarder had (from
 // the pinned maps after a restart), so a control plane that restarts does not put a dead
 // backend back for its first probe; a backend never judged takes new flows. A service
 // whose HealthCheck is nil is not checked: its backends all take new flows.
-type Verdicts func(service, id string) health.State
+//
+// The time starts slow start: a backend found healthy after unhealthy (From, or this
+// node's own last verdict) ramps from Since, not from when this node heard of it, so every
+// node fed the same view builds the same table at the same step, one that connected after
+// the backend went down too.
+type Verdicts func(service, id string) Verdict
 
 // ApplyView installs f's vip services with the control plane's verdicts instead of the
 // loader's own probes (its health checkers are stopped, and stay stopped). A view the
@@ -28,8 +44,10 @@ func (l *Loader) ApplyView(f *pools.File, verdicts Verdicts) error {
 		return errors.New("l4xdp: ApplyView needs the verdicts")
 	}
 	// Not under l.mu: a checker's transition being handled takes it.
-	if err := l.health.Apply(context.Background(), nil); err != nil {
-		return fmt.Errorf("stopping the loader's own health checks: %w", err)
+	if l.health != nil {
+		if err := l.health.Apply(context.Background(), nil); err != nil {
+			return fmt.Errorf("stopping the loader's own health checks: %w", err)
+		}
 	}
 	if err := checkView(f); err != nil {
 		return err
@@ -43,7 +61,55 @@ func (l *Loader) ApplyView(f *pools.File, verdicts Verdicts) error {
 		return err
 	}
 	l.file = f
+	// Ramps step and active counts are reconciled as with --pools; Close ends the loop.
+	l.startMaintenanceLocked(context.Background())
 	return nil
+}
+
+// externalDownLocked is unhealthyLocked for a loader fed by a control plane: the verdict
+// decides, Unknown keeps the last one, and a healthy verdict that follows an unhealthy one
+// (as the control plane says, or as this node last knew it, pinned maps included) ramps
+// key from the control plane's transition time. Setting the ramp's start again on every
+// view is harmless: it is the same time, and a ramp past its window is done.
+func (l *Loader) externalDownLocked(s *pools.Service, key string, b *pools.Backend) bool {
+	v := l.external(s.Name, b.Identity())
+	if v.State == health.Unknown {
+		return l.lastDown[key]
+	}
+	// From counts only with a time: a start of "now" on every view would never step.
+	if v.State == health.Healthy && (v.From == health.Unhealthy && !v.Since.IsZero() || l.lastDown[key]) {
+		since := v.Since
+		if since.IsZero() {
+			since = l.now() // a control plane that gives no time: this node's best guess, once
+		}
+		if !l.rampDoneLocked(s, key, since) {
+			l.recoveredLocked(key, since)
+		}
+	}
+	l.lastDown[key] = v.State == health.Unhealthy
+	return l.lastDown[key]
+}
+
+// rampDoneLocked says whether a ramp of s's backend key from since is over (or another,
+// later one already runs): no need to track it.
+func (l *Loader) rampDoneLocked(s *pools.Service, key string, since time.Time) bool {
+	if cur, ok := l.rampFrom[key]; ok && cur.After(since) {
+		return true
+	}
+	return rampStep(slowStartOf(s), since, l.now()) >= rampSteps
+}
+
+// joinTimeLocked is when a backend that joins (first seen in a view, or added to the pools
+// file) starts its ramp: with a control plane's healthy verdict, the verdict's time, which
+// every node fed the view shares; else now.
+func (l *Loader) joinTimeLocked(s *pools.Service, b *pools.Backend, now time.Time) time.Time {
+	if l.external == nil || s.HealthCheck == nil {
+		return now
+	}
+	if v := l.external(s.Name, b.Identity()); v.State == health.Healthy && !v.Since.IsZero() {
+		return v.Since
+	}
+	return now
 }
 
 // checkView finds what the write phase of applyLocked would only find half-way (after

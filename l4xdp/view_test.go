@@ -28,7 +28,7 @@ func TestLoaderApplyView(t *testing.T) {
 		s.HealthCheck = &pools.HealthCheck{} // checked by the control plane, as a view marks it
 	}
 	verdicts := map[string]health.State{"a/10.9.1.2:80": health.Unhealthy}
-	view := func(service, id string) health.State { return verdicts[service+"/"+id] }
+	view := func(service, id string) Verdict { return Verdict{State: verdicts[service+"/"+id]} }
 	if err := l.ApplyView(f, view); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestLoaderApplyView(t *testing.T) {
 	} {
 		g, _ := pools.Parse("pools.yaml", []byte(loaderPoolsA))
 		bad.edit(g)
-		err := l.ApplyView(g, func(string, string) health.State { return health.Healthy })
+		err := l.ApplyView(g, func(string, string) Verdict { return Verdict{State: health.Healthy} })
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Fatalf("got %v, want an error with %q", err, bad.want)
 		}

@@ -58,11 +58,12 @@ func viewNode(key string) Node {
 	return Node{Zone: key}
 }
 
-// verdictTimes remembers when each backend last changed state, for the XDP view's
-// health_since (the checker's transitions carry it).
+// verdictTimes remembers when each backend last changed state, and from what, for the XDP
+// view's health_since and health_from (the checker's transitions carry both).
 type verdictTimes struct {
 	mu    sync.Mutex
-	since map[string]time.Time // fleetview.Key(service, identity)
+	since map[string]time.Time    // fleetview.Key(service, identity)
+	from  map[string]health.State // the state left at since
 }
 
 // RecordTransition notes a health transition's time, published with the verdict to XDP
@@ -71,9 +72,10 @@ func (s *Server) RecordTransition(service string, tr health.Transition) {
 	s.verdicts.mu.Lock()
 	defer s.verdicts.mu.Unlock()
 	if s.verdicts.since == nil {
-		s.verdicts.since = map[string]time.Time{}
+		s.verdicts.since, s.verdicts.from = map[string]time.Time{}, map[string]health.State{}
 	}
 	s.verdicts.since[fleetview.Key(service, tr.ID)] = tr.At
+	s.verdicts.from[fleetview.Key(service, tr.ID)] = tr.From
 }
 
 // verdictOf is a backend's verdict in view (the version's frozen health view), with the
@@ -87,6 +89,7 @@ func (s *Server) verdictOf(view HealthView, service string, b *pools.Backend) fl
 	defer s.verdicts.mu.Unlock()
 	if v.State != health.Unknown {
 		v.Since = s.verdicts.since[fleetview.Key(service, b.Identity())]
+		v.From = s.verdicts.from[fleetview.Key(service, b.Identity())]
 	}
 	return v
 }

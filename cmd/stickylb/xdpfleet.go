@@ -57,7 +57,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
 	defer l.Close()
 	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
-		if err := l.ApplyView(v.File, v.State); err != nil {
+		if err := l.ApplyView(v.File, verdictsOf(v)); err != nil {
 			return fmt.Errorf("applying the view: %w", err)
 		}
 		log.Info("view applied", zap.Int("services", len(v.File.Services)))
@@ -90,6 +90,14 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	fmt.Fprintln(stdout, "ready")
 	<-ctx.Done()
 	return 0
+}
+
+// verdictsOf hands the view's verdicts to the loader.
+func verdictsOf(v *fleetview.View) l4xdp.Verdicts {
+	return func(service, id string) l4xdp.Verdict {
+		vd := v.Verdict(service, id)
+		return l4xdp.Verdict{State: vd.State, Since: vd.Since, From: vd.From}
+	}
 }
 
 // vipTableSummary is one VIP's table as `stickylb xdp tables` prints it: the slots each

@@ -65,9 +65,6 @@ type View struct {
 // Key is the Verdicts key of a backend of a service.
 func Key(service, identity string) string { return service + "/" + identity }
 
-// State is the control plane's verdict on the backend with identity id of service.
-func (v *View) State(service, id string) health.State { return v.Verdicts[Key(service, id)].State }
-
 // Verdict is the control plane's verdict on the backend with identity id of service
 // (the zero Verdict, Unknown, when there is none).
 func (v *View) Verdict(service, id string) Verdict { return v.Verdicts[Key(service, id)] }

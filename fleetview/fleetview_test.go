@@ -144,7 +144,7 @@ func TestRoundTrip(t *testing.T) {
 	if st := v.Verdict("web", "b2"); st.State != health.Healthy || st.From != health.Unhealthy || !st.Since.Equal(since.Add(time.Second)) {
 		t.Errorf("web/b2: %+v", st)
 	}
-	if st := v.State("web", "10.0.6.3:443"); st != health.Unknown {
+	if st := v.Verdict("web", "10.0.6.3:443").State; st != health.Unknown {
 		t.Errorf("web/10.0.6.3:443: %v", st)
 	}
 }

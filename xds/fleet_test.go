@@ -131,10 +131,10 @@ func TestXDPNodeView(t *testing.T) {
 	if len(v.File.Services) != 1 || v.File.Services[0].Name != "web" || len(v.File.Services[0].Backends) != 2 {
 		t.Fatalf("XDP view: %+v", v.File.Services)
 	}
-	if st := v.State("web", "10.0.6.2:443"); st != health.Unknown {
+	if st := v.Verdict("web", "10.0.6.2:443").State; st != health.Unknown {
 		t.Fatalf("web/10.0.6.2:443 (no verdict yet): %v, want unknown", st)
 	}
-	if st := v.State("web", "10.0.6.1:443"); st != health.Healthy {
+	if st := v.Verdict("web", "10.0.6.1:443").State; st != health.Healthy {
 		t.Fatalf("web/10.0.6.1:443: %v, want healthy", st)
 	}
 

@@ -25,6 +25,9 @@ const (
 	// GroupXDP nodes (`stickylb xdp --xds`, user agent fleetview.UserAgentXDP) get the
 	// fleetview of the vip services and nothing else.
 	GroupXDP = "xdp"
+	// GroupCaddy nodes (the stickylb_xds upstream source, user agent
+	// fleetview.UserAgentCaddy) get the fleetview of the http and grpc services.
+	GroupCaddy = "caddy"
 )
 
 // groupOf is the snapshot group of a node. Any other user agent (Envoy, gRPC) is an Envoy
@@ -37,10 +40,12 @@ func groupOf(n *corev3.Node) string {
 }
 
 // shareKey says which nodes may share one snapshot: Envoy nodes of one zone (the zone
-// shapes their endpoints); every XDP node (their view does not depend on the zone).
+// shapes their endpoints); every XDP node, and every Caddy node (their views do not depend
+// on the zone: a Caddy node applies its zone itself).
 func (n Node) shareKey() string {
-	if n.Group == GroupXDP {
-		return "xdp"
+	switch n.Group {
+	case GroupXDP, GroupCaddy:
+		return n.Group
 	}
 	return "envoy/" + n.Zone
 }
@@ -76,12 +81,16 @@ func (s *Server) verdictOf(service string, b *pools.Backend) fleetview.Verdict {
 	return v
 }
 
-// buildXDP is build for an XDP node: the fleetview's clusters and load assignments, checked
-// by Envoy's validation rules like every other snapshot, and empty listener and route
-// lists so that every type has the version (a node that asked for them gets nothing).
-func (s *Server) buildXDP(f *pools.File, version string) (*cachev3.Snapshot, error) {
+// buildFleet is build for the node groups of stickylb's own nodes (XDP and Caddy): their
+// fleetview, checked by Envoy's validation rules like every other snapshot, and empty
+// listener and route lists so that every type has the version.
+func (s *Server) buildFleet(f *pools.File, group, version string) (*cachev3.Snapshot, error) {
 	s.Stats.Builds.Add(1)
-	cs, ls := fleetview.Encode(f, s.verdictOf)
+	encode := fleetview.Encode
+	if group == GroupCaddy {
+		encode = fleetview.EncodeCaddy
+	}
+	cs, ls := encode(f, s.verdictOf)
 	clusters := make([]types.Resource, 0, len(cs))
 	for _, c := range cs {
 		if err := c.ValidateAll(); err != nil {

@@ -135,8 +135,8 @@ func (s *Server) ensureNode(n *corev3.Node) {
 // build translates and validates the file for a node. Only the node's zone shapes the
 // result, so callers share one snapshot among a zone's nodes (the cache only reads it).
 func (s *Server) build(f *pools.File, n Node, version string) (*cachev3.Snapshot, error) {
-	if n.Group == GroupXDP {
-		return s.buildXDP(f, version)
+	if n.Group != GroupEnvoy {
+		return s.buildFleet(f, n.Group, version)
 	}
 	s.Stats.Builds.Add(1)
 	r, err := Translate(f, n, s.view)

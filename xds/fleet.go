@@ -31,10 +31,13 @@ const (
 )
 
 // groupOf is the snapshot group of a node. Any other user agent (Envoy, gRPC) is an Envoy
-// node, so their snapshots are as before; a "stickylb-caddy" group has room here.
+// node, so their snapshots are as before.
 func groupOf(n *corev3.Node) string {
-	if n.GetUserAgentName() == fleetview.UserAgentXDP {
+	switch n.GetUserAgentName() {
+	case fleetview.UserAgentXDP:
 		return GroupXDP
+	case fleetview.UserAgentCaddy:
+		return GroupCaddy
 	}
 	return GroupEnvoy
 }

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -220,4 +221,43 @@ func nameOfResource(m proto.Message) string {
 		return r.GetClusterName()
 	}
 	return ""
+}
+
+// TestXDSSourceWeights: weighted_least_conn, over the fresh pools a source returns, splits
+// new sessions by the control plane's weights (3:1 exactly at light load, its smooth round
+// robin), and a draining upstream gets none.
+func TestXDSSourceWeights(t *testing.T) {
+	v := &xdsView{Services: map[string]*xdsService{"api": {CrossZone: true, Backends: []xdsBackend{
+		{ID: "a", Dial: "10.0.0.1:80", Weight: 3, Health: "healthy"},
+		{ID: "b", Dial: "10.0.0.2:80", Weight: 1, Health: "healthy"},
+		{ID: "c", Dial: "10.0.0.3:80", Weight: 5, Health: "healthy", Drain: true},
+	}}}}
+	key := t.Name()
+	xdsTable.set(key, v)
+	t.Cleanup(func() { xdsTable.set(key, nil) })
+	x := sourceWith(v, "")
+	p := &WeightedLeastConn{}
+	provision(t, p)
+	hosts := map[string]*reverseproxy.Host{}
+	got := map[string]int{}
+	for range 400 {
+		ups, err := x.GetUpstreams(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range ups { // as Caddy's provisioning does: one Host per address
+			if hosts[u.Dial] == nil {
+				hosts[u.Dial] = new(reverseproxy.Host)
+			}
+			u.Host = hosts[u.Dial]
+		}
+		u := p.Select(ups, request("/"), httptest.NewRecorder())
+		if u == nil {
+			t.Fatal("no pick")
+		}
+		got[u.Dial]++
+	}
+	if got["10.0.0.1:80"] != 300 || got["10.0.0.2:80"] != 100 || got["10.0.0.3:80"] != 0 {
+		t.Fatalf("picks %v, want 300 and 100 by the control plane's weights 3:1, none on the draining one", got)
+	}
 }

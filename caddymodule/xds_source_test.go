@@ -1,10 +1,12 @@
 package caddymodule
 
 import (
+	"context"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -259,5 +261,65 @@ func TestXDSSourceWeights(t *testing.T) {
 	}
 	if got["10.0.0.1:80"] != 300 || got["10.0.0.2:80"] != 100 || got["10.0.0.3:80"] != 0 {
 		t.Fatalf("picks %v, want 300 and 100 by the control plane's weights 3:1, none on the draining one", got)
+	}
+}
+
+// TestXDSSourceSharedSubscription: sources naming one server and node share one
+// subscription, which a reload's new config takes over from the old one (provisioned
+// before the old one is cleaned up) and which stops when no config uses it; each
+// subscription's collector is registered once per config registry.
+func TestXDSSourceSharedSubscription(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	const server = "127.0.0.1:1" // nothing answers: the clients retry in the background
+	ctx1, cancel1 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	a := &XDSUpstreams{Server: server, Service: "api", NodeID: "n1"}
+	b := &XDSUpstreams{Server: server, Service: "web", NodeID: "n1"}
+	c := &XDSUpstreams{Server: server, Service: "api", NodeID: "n2"}
+	for _, x := range []*XDSUpstreams{a, b, c} {
+		if err := x.Provision(ctx1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.sub != b.sub || a.sub == c.sub {
+		t.Fatal("want one subscription per server and node")
+	}
+	mfs, err := ctx1.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := 0
+	for _, mf := range mfs {
+		if mf.GetName() == "stickylb_xds_connected" {
+			series = len(mf.GetMetric())
+		}
+	}
+	if series != 2 {
+		t.Fatalf("stickylb_xds_connected has %d series, want one per subscription (2)", series)
+	}
+	// A reload: the new config's source is provisioned, then the old config cleaned up.
+	ctx2, cancel2 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	a2 := &XDSUpstreams{Server: server, Service: "api", NodeID: "n1"}
+	if err := a2.Provision(ctx2); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []*XDSUpstreams{a, b, c} {
+		x.Cleanup()
+	}
+	cancel1()
+	if a2.sub != a.sub {
+		t.Fatal("a reload started a new subscription")
+	}
+	count := func() int {
+		n := 0
+		subPool.Range(func(_, _ any) bool { n++; return true })
+		return n
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d subscriptions after the old config went, want 1", n)
+	}
+	a2.Cleanup()
+	cancel2()
+	if n := count(); n != 0 {
+		t.Fatalf("%d subscriptions after every config went, want 0", n)
 	}
 }

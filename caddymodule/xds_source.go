@@ -425,8 +425,9 @@ type sourceTable struct {
 func newSourceTable() *sourceTable { return &sourceTable{views: map[string]*xdsView{}} }
 
 // set replaces the view of subscription key (nil removes it) and republishes the merged
-// weights and drain states. An upstream named by several services or views is drained if
-// any of them drains it and weighs what the last one says.
+// weights and drain states. The policies know an upstream by address only, so one named by
+// several services or views is drained if any of them drains it and weighs the largest
+// weight any of them gives (either choice is deterministic; map order is not).
 func (t *sourceTable) set(key string, v *xdsView) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -440,7 +441,7 @@ func (t *sourceTable) set(key string, v *xdsView) {
 	for _, v := range t.views {
 		for _, s := range v.Services {
 			for _, b := range s.Backends {
-				weights[b.Dial] = float64(b.Weight)
+				weights[b.Dial] = max(weights[b.Dial], float64(b.Weight))
 				if b.Drain {
 					drained[b.Dial] = true
 				}

@@ -3,13 +3,17 @@ package xds
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
@@ -127,4 +131,90 @@ func TestCaddyNodeView(t *testing.T) {
 		vd := get().Verdicts[fleetview.Key("api", "api-1")]
 		return vd.State == health.Unhealthy && vd.Since.Equal(at), fmt.Sprint(vd)
 	})
+}
+
+// caddyNode is a Caddy node's subscription as the stickylb_xds source makes it, applying
+// into memory.
+type caddyNode struct {
+	mu      sync.Mutex
+	last    *fleetview.View
+	applied int
+}
+
+func (n *caddyNode) get() (*fleetview.View, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.last, n.applied
+}
+
+func startCaddyNode(t *testing.T, addr, id string) *caddyNode {
+	t.Helper()
+	c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, UserAgentName: fleetview.UserAgentCaddy,
+		Backoff: adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &caddyNode{}
+	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: func(v *fleetview.View) error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.last, n.applied = v, n.applied+1
+		return nil
+	}}
+	c.Subscribe(resource.ClusterType, a.Clusters)
+	c.Subscribe(resource.EndpointType, a.Endpoints)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); c.Close() })
+	c.Start(ctx)
+	return n
+}
+
+// TestCaddyNodeNACK: a Caddy view the node cannot take (a cluster of a protocol Caddy does
+// not proxy) is NACKed; the server counts it once and rolls the node back to the snapshot
+// it acknowledged on CDS and EDS; the node keeps its view; the next good version applies.
+func TestCaddyNodeNACK(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(caddyGroupPools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, addr := startXDS(t, f)
+	n := startCaddyNode(t, addr, "h1/caddy")
+	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		ns := s.nodes["h1/caddy"]
+		return ns != nil && ns.acked != nil, "no ack"
+	})
+	before, applied := n.get()
+	s.mutateXDP = func(clusters, _ []types.Resource) {
+		for _, c := range clusters {
+			c.(*clusterv3.Cluster).Metadata.FilterMetadata[fleetview.MetadataKey].Fields["protocol"] = structpb.NewStringValue("udp")
+		}
+	}
+	if err := s.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
+		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
+			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
+	})
+	if v, a := n.get(); v != before || a != applied {
+		t.Fatalf("the node applied a view it should have refused (%d -> %d applied)", applied, a)
+	}
+	s.mutateXDP = nil
+	f2, err := pools.Parse("pools.yaml", []byte(strings.Replace(caddyGroupPools, "      - {address: 10.0.8.1:50051}\n",
+		"      - {address: 10.0.8.1:50051}\n      - {address: 10.0.8.2:50051}\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(f2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the next good version applied", func() (bool, string) {
+		v, _ := n.get()
+		return len(v.File.Services[1].Backends) == 2, fmt.Sprint(len(v.File.Services[1].Backends))
+	})
+	if got := s.Stats.NACKs.Load(); got != 1 {
+		t.Fatalf("%d NACKs, want 1", got)
+	}
 }

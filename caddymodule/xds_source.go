@@ -143,8 +143,8 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 	}
 	p := x.picks.Load()
 	if p == nil || p.view != v {
-		svc, ok := v.Services[x.Service]
-		if !ok {
+		svc := v.Services[x.Service]
+		if svc == nil {
 			return nil, fmt.Errorf("stickylb_xds: service %q is not in the view from %s (an http or grpc service of the pools file)", x.Service, x.Server)
 		}
 		p = &xdsPick{view: v, dials: svc.pick(x.Zone)}

@@ -3,8 +3,12 @@ package caddymodule
 import (
 	"context"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -15,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -321,5 +326,40 @@ func TestXDSSourceSharedSubscription(t *testing.T) {
 	cancel2()
 	if n := count(); n != 0 {
 		t.Fatalf("%d subscriptions after every config went, want 0", n)
+	}
+}
+
+// TestXDSSourceSavedView: a saved view is loaded back as it was; a file that is not a view
+// of this server and node, or not JSON, is ignored (the source waits for the control plane).
+func TestXDSSourceSavedView(t *testing.T) {
+	dir := t.TempDir()
+	cfg := adsclient.Config{Server: "cp:18000", NodeID: "n1"}
+	v := &xdsView{Services: map[string]*xdsService{"api": {Backends: []xdsBackend{
+		{ID: "k1", Dial: "10.0.0.1:80", Weight: 2, Zone: "z1", Health: "healthy", Since: time.Unix(1700000000, 0).UTC()},
+		{ID: "10.0.0.2:80", Dial: "10.0.0.2:80", Weight: 1, Drain: true, Health: "unknown"},
+	}}}}
+	path := filepath.Join(dir, "sub", viewFileName(cfg.Server, cfg.NodeID))
+	w := &xdsSub{log: zaptest.NewLogger(t), path: path, server: cfg.Server, node: cfg.NodeID, key: t.Name()}
+	w.save(v)
+	r := &xdsSub{log: zaptest.NewLogger(t), path: path, key: t.Name()}
+	t.Cleanup(func() { xdsTable.set(t.Name(), nil) })
+	r.load(cfg)
+	got := r.view.Load()
+	if got == nil || !reflect.DeepEqual(got, v) {
+		t.Fatalf("loaded %+v, want %+v", got, v)
+	}
+	for name, content := range map[string]string{
+		"garbage":      "{not json",
+		"another node": `{"server":"cp:18000","node_id":"n2","view":{"services":{}}}`,
+		"no view":      `{"server":"cp:18000","node_id":"n1"}`,
+	} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := &xdsSub{log: zaptest.NewLogger(t), path: path, key: t.Name()}
+		r.load(cfg)
+		if r.view.Load() != nil {
+			t.Errorf("%s: loaded a view", name)
+		}
 	}
 }

@@ -150,9 +150,12 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 		p = &xdsPick{view: v, dials: svc.pick(x.Zone)}
 		x.picks.Store(p)
 	}
+	// One backing array for the values: two allocations per call whatever the pool's size.
+	vals := make([]reverseproxy.Upstream, len(p.dials))
 	out := make([]*reverseproxy.Upstream, len(p.dials))
 	for i, d := range p.dials {
-		out[i] = &reverseproxy.Upstream{Dial: d}
+		vals[i].Dial = d
+		out[i] = &vals[i]
 	}
 	return out, nil
 }

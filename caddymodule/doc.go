@@ -15,6 +15,10 @@
 //   - weighted_least_conn: argmin of in-flight requests / weight over Caddy's own counts,
 //     with Envoy's slow start for new and recovered upstreams.
 //
+// The upstream source http.reverse_proxy.upstreams.stickylb_xds (Caddyfile `dynamic
+// stickylb_xds`) takes a service's upstreams, weights, drain states and health verdicts from
+// the control plane, `stickylb xds`, so every Caddy node routes on the same view.
+//
 // The handler http.handlers.stickylb (Caddyfile directive stickylb) lets policies see the
 // upstream's response, which a Selector cannot. The admin module admin.api.stickylb serves
 // /stickylb/sessions and /stickylb/upstreams/ADDR/drain. The handler
@@ -22,7 +26,7 @@
 // every reverse_proxy, its JSON and its drain buttons; admin.api.stickylb_status serves the
 // JSON at /stickylb/status.json.
 //
-// Session tables, slow-start clocks and the drain set live in Caddy usage pools and
+// Session tables, slow-start clocks, xDS subscriptions and the drain set live in Caddy usage pools and
 // package-level registries so they survive config reloads; they are the only mutable state
 // outside a module instance.
 package caddymodule

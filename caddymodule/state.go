@@ -122,8 +122,12 @@ func eachTable(fn func(name string, t *sharedTable)) {
 type drainSet struct {
 	mu  sync.RWMutex
 	set map[string]time.Time
+	// src are the upstreams the control plane's view drains (stickylb_xds sources, see
+	// setSource); list leaves them out, as they are not the operator's to undrain.
+	src map[string]bool
 	gen atomic.Uint64
-	// empty is true while set is empty: the common case costs one atomic load per pick.
+	// empty is true while set and src are empty: the common case costs one atomic load
+	// per pick.
 	empty atomic.Bool
 }
 
@@ -140,8 +144,30 @@ func (d *drainSet) drained(addr string) bool {
 	}
 	d.mu.RLock()
 	_, ok := d.set[addr]
+	ok = ok || d.src[addr]
 	d.mu.RUnlock()
 	return ok
+}
+
+// setSource replaces the upstreams drained by the control plane's views.
+func (d *drainSet) setSource(ids map[string]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(ids) == len(d.src) {
+		same := true
+		for id := range ids {
+			if !d.src[id] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return
+		}
+	}
+	d.src = ids
+	d.empty.Store(len(d.set) == 0 && len(d.src) == 0)
+	d.gen.Add(1)
 }
 
 // drain marks addr drained; it reports false if it already was.
@@ -165,7 +191,7 @@ func (d *drainSet) undrain(addr string) bool {
 		return false
 	}
 	delete(d.set, addr)
-	d.empty.Store(len(d.set) == 0)
+	d.empty.Store(len(d.set) == 0 && len(d.src) == 0)
 	d.gen.Add(1)
 	return true
 }

@@ -126,10 +126,14 @@ func (p *WeightedLeastConn) Cleanup() error {
 	return nil
 }
 
-// weight returns the configured weight of the i-th upstream.
+// weight returns the weight of the i-th upstream: weights_by_address, else the control
+// plane's (a stickylb_xds source), else the positional weights.
 func (p *WeightedLeastConn) weight(i int, u *reverseproxy.Upstream) float64 {
 	if w, ok := p.WeightsByAddress[identity(u)]; ok {
 		return float64(w)
+	}
+	if w, ok := xdsTable.weight(identity(u)); ok {
+		return w
 	}
 	if i < len(p.Weights) {
 		return float64(p.Weights[i])
@@ -149,7 +153,7 @@ func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Reque
 	if p.clocks != nil {
 		now = p.now()
 	}
-	uniform := len(p.Weights) == 0 && len(p.WeightsByAddress) == 0 && p.clocks == nil
+	uniform := len(p.Weights) == 0 && len(p.WeightsByAddress) == 0 && p.clocks == nil && !xdsTable.hasWeights()
 	n := len(pool)
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -526,6 +526,8 @@ func parseState(s string) (health.State, error) {
 type Assembler struct {
 	// Apply installs a complete view; an error rejects it (the node keeps what it had).
 	Apply func(*View) error
+	// Decode reads a complete view; nil means Decode (the XDP view), DecodeCaddy for Caddy.
+	Decode func(clusters, assignments map[string]proto.Message) (*View, error)
 
 	mu                  sync.Mutex
 	clusters, endpoints map[string]proto.Message
@@ -563,7 +565,11 @@ func (a *Assembler) Endpoints(_ string, res map[string]proto.Message) error {
 }
 
 func (a *Assembler) try(cs, es map[string]proto.Message) error {
-	v, err := Decode(cs, es)
+	decode := a.Decode
+	if decode == nil {
+		decode = Decode
+	}
+	v, err := decode(cs, es)
 	if errors.Is(err, ErrIncomplete) {
 		return nil
 	}

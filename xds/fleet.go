@@ -25,35 +25,50 @@ const (
 	// GroupXDP nodes (`stickylb xdp --xds`, user agent fleetview.UserAgentXDP) get the
 	// fleetview of the vip services and nothing else.
 	GroupXDP = "xdp"
+	// GroupCaddy nodes (the stickylb_xds upstream source, user agent
+	// fleetview.UserAgentCaddy) get the fleetview of the http and grpc services.
+	GroupCaddy = "caddy"
 )
 
 // groupOf is the snapshot group of a node. Any other user agent (Envoy, gRPC) is an Envoy
-// node, so their snapshots are as before; a "stickylb-caddy" group has room here.
+// node, so their snapshots are as before.
 func groupOf(n *corev3.Node) string {
-	if n.GetUserAgentName() == fleetview.UserAgentXDP {
+	switch n.GetUserAgentName() {
+	case fleetview.UserAgentXDP:
 		return GroupXDP
+	case fleetview.UserAgentCaddy:
+		return GroupCaddy
 	}
 	return GroupEnvoy
 }
 
-// xdpView is the view key of every XDP node: their view does not depend on the zone, so
-// one snapshot serves them all. Zones are letters, digits, '.', '_' and '-', so no zone
-// is this key.
-const xdpView = "\x00xdp"
+// Fleet view keys: every XDP node shares one view, every Caddy node another (their views do
+// not depend on the zone: a Caddy node applies its zone itself). Zones are letters, digits,
+// '.', '_' and '-', so no zone is one of these keys.
+const (
+	xdpView   = "\x00xdp"
+	caddyView = "\x00caddy"
+)
 
-// viewKey is the view a node is served: XDP nodes share one; Envoy and gRPC nodes get
-// their zone's when the file names it, else the cross-zone view.
+// viewKey is the view a node is served: XDP nodes share one, Caddy nodes another; Envoy and
+// gRPC nodes get their zone's when the file names it, else the cross-zone view.
 func viewKey(named map[string]bool, n Node) string {
-	if n.Group == GroupXDP {
+	switch n.Group {
+	case GroupXDP:
 		return xdpView
+	case GroupCaddy:
+		return caddyView
 	}
 	return viewOf(named, n.Zone)
 }
 
 // viewNode is the node a view is built for.
 func viewNode(key string) Node {
-	if key == xdpView {
+	switch key {
+	case xdpView:
 		return Node{Group: GroupXDP}
+	case caddyView:
+		return Node{Group: GroupCaddy}
 	}
 	return Node{Zone: key}
 }
@@ -94,12 +109,17 @@ func (s *Server) verdictOf(view HealthView, service string, b *pools.Backend) fl
 	return v
 }
 
-// buildXDP is build for an XDP node: the fleetview's clusters and load assignments, checked
-// by Envoy's validation rules like every other snapshot, and empty listener and route
-// lists so that every type has the version (a node that asked for them gets nothing).
-func (s *Server) buildXDP(f *pools.File, version string, view HealthView) (*cachev3.Snapshot, error) {
+// buildFleet is build for the node groups of stickylb's own nodes (XDP and Caddy): their
+// fleetview, checked by Envoy's validation rules like every other snapshot, and empty
+// listener and route lists so that every type has the version. view is the version's
+// frozen health view.
+func (s *Server) buildFleet(f *pools.File, group, version string, view HealthView) (*cachev3.Snapshot, error) {
 	s.Stats.Builds.Add(1)
-	cs, ls := fleetview.Encode(f, func(service string, b *pools.Backend) fleetview.Verdict { return s.verdictOf(view, service, b) })
+	encode := fleetview.Encode
+	if group == GroupCaddy {
+		encode = fleetview.EncodeCaddy
+	}
+	cs, ls := encode(f, func(service string, b *pools.Backend) fleetview.Verdict { return s.verdictOf(view, service, b) })
 	clusters := make([]types.Resource, 0, len(cs))
 	for _, c := range cs {
 		if err := c.ValidateAll(); err != nil {

@@ -426,8 +426,8 @@ func (s *Server) fillViews() {
 // build translates and validates the file for a view zone. Only the zone shapes the
 // result, so one snapshot serves every stream of the zone (the cache only reads it).
 func (s *Server) build(f *pools.File, n Node, version string, view HealthView) (*cachev3.Snapshot, error) {
-	if n.Group == GroupXDP {
-		return s.buildXDP(f, version, view)
+	if n.Group != GroupEnvoy {
+		return s.buildFleet(f, n.Group, version, view)
 	}
 	s.Stats.Builds.Add(1)
 	r, err := Translate(f, n, view)

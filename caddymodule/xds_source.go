@@ -1,0 +1,481 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/adsclient"
+	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/policies/health"
+)
+
+func init() {
+	caddy.RegisterModule(new(XDSUpstreams))
+}
+
+// XDSUpstreams is the upstream source http.reverse_proxy.upstreams.stickylb_xds: the
+// backends of one service as the control plane (`stickylb xds`) publishes them, with its
+// health verdicts, so every Caddy node routes on the same view and runs no probes of its
+// own. Weights and drain states reach the stickylb policies by upstream identity
+// (weighted_least_conn weighs by them; a draining upstream gets no new session, while a
+// session pinned to it keeps it).
+//
+// Every source naming one control plane and node shares one ADS subscription, kept across
+// config reloads. The last view applied is saved in Caddy's data directory and served at
+// start until the control plane answers, so a Caddy restarted during a control-plane
+// outage serves what it last knew.
+type XDSUpstreams struct {
+	// Server is the control plane's host:port.
+	Server string `json:"server,omitempty"`
+	// Service names the pools file's service whose backends this source returns.
+	Service string `json:"service,omitempty"`
+	// NodeID is this node's id at the control plane (default HOST/caddy).
+	NodeID string `json:"node_id,omitempty"`
+	// Zone is this node's zone: a service with cross_zone false is served from it first.
+	Zone string `json:"zone,omitempty"`
+	// CA, Cert and Key are PEM files: CA verifies the control plane (TLS), Cert and Key
+	// are this node's client certificate (mTLS).
+	CA   string `json:"ca,omitempty"`
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+
+	sub    *xdsSub
+	subKey string
+	// picks caches the dial addresses of the current view for this service and zone.
+	picks atomic.Pointer[xdsPick]
+}
+
+// xdsPick is what GetUpstreams returns for one view.
+type xdsPick struct {
+	view  *xdsView
+	dials []string
+}
+
+// CaddyModule returns the Caddy module information.
+func (*XDSUpstreams) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.upstreams.stickylb_xds",
+		New: func() caddy.Module { return new(XDSUpstreams) },
+	}
+}
+
+// subPool holds the ADS subscriptions by subscription key (*xdsSub).
+var subPool = caddy.NewUsagePool()
+
+// Provision joins (or starts) the subscription of this server and node.
+func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
+	if x.NodeID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("stickylb_xds: node_id not given and no host name: %w", err)
+		}
+		x.NodeID = host + "/caddy"
+	}
+	cfg := adsclient.Config{Server: x.Server, NodeID: x.NodeID, Zone: x.Zone,
+		UserAgentName: fleetview.UserAgentCaddy, TLS: adsclient.TLS{CAFile: x.CA, CertFile: x.Cert, KeyFile: x.Key}}
+	// The key holds everything the connection depends on: a reload that changes the zone or
+	// the TLS files starts a new subscription, one that changes nothing keeps the old one.
+	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s", cfg.Server, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key)
+	v, _, err := subPool.LoadOrNew(x.subKey, func() (caddy.Destructor, error) {
+		return startXDSSub(cfg, x.subKey, filepath.Join(caddy.AppDataDir(), "stickylb", "xds", viewFileName(cfg.Server, cfg.NodeID)),
+			caddy.Log().Named("stickylb_xds"))
+	})
+	if err != nil {
+		return fmt.Errorf("stickylb_xds: %w", err)
+	}
+	x.sub = v.(*xdsSub)
+	// One collector per subscription, registered in each config's registry (Caddy gives
+	// every config its own); a second registration in one registry is expected.
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := reg.Register(x.sub.collector); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				ctx.Logger().Error("registering the xDS client's metrics", zap.Error(err))
+			}
+		}
+	}
+	return nil
+}
+
+// Validate checks the settings.
+func (x *XDSUpstreams) Validate() error {
+	if x.Server == "" || x.Service == "" {
+		return errors.New("stickylb_xds: server and service are required")
+	}
+	if (x.Cert == "") != (x.Key == "") {
+		return errors.New("stickylb_xds: cert and key go together")
+	}
+	return nil
+}
+
+// Cleanup drops this source's reference to the subscription.
+func (x *XDSUpstreams) Cleanup() error {
+	if x.sub != nil {
+		_, _ = subPool.Delete(x.subKey)
+	}
+	return nil
+}
+
+// GetUpstreams returns the service's upstreams in the last view applied, as new values on
+// every call (Caddy writes into each *Upstream it gets). It reads memory only: the
+// subscription updates the view in the background.
+func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, error) {
+	v := x.sub.view.Load()
+	if v == nil {
+		return nil, fmt.Errorf("stickylb_xds: no view of %s from %s yet", x.Service, x.Server)
+	}
+	p := x.picks.Load()
+	if p == nil || p.view != v {
+		svc := v.Services[x.Service]
+		if svc == nil {
+			return nil, fmt.Errorf("stickylb_xds: service %q is not in the view from %s (an http or grpc service of the pools file)", x.Service, x.Server)
+		}
+		p = &xdsPick{view: v, dials: svc.pick(x.Zone)}
+		x.picks.Store(p)
+	}
+	// One backing array for the values: two allocations per call whatever the pool's size.
+	vals := make([]reverseproxy.Upstream, len(p.dials))
+	out := make([]*reverseproxy.Upstream, len(p.dials))
+	for i, d := range p.dials {
+		vals[i].Dial = d
+		out[i] = &vals[i]
+	}
+	return out, nil
+}
+
+// UnmarshalCaddyfile reads
+//
+//	dynamic stickylb_xds {
+//		server  ADDR
+//		service NAME
+//		node_id ID
+//		zone    Z
+//		ca      FILE
+//		cert    FILE
+//		key     FILE
+//	}
+func (x *XDSUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the source's name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		var dst *string
+		switch d.Val() {
+		case "server":
+			dst = &x.Server
+		case "service":
+			dst = &x.Service
+		case "node_id":
+			dst = &x.NodeID
+		case "zone":
+			dst = &x.Zone
+		case "ca":
+			dst = &x.CA
+		case "cert":
+			dst = &x.Cert
+		case "key":
+			dst = &x.Key
+		default:
+			return d.Errf("stickylb_xds: unknown option %q", d.Val())
+		}
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		*dst = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	return nil
+}
+
+// The view as a Caddy node keeps it (and saves it).
+
+// xdsView is the applied view: the services by name.
+type xdsView struct {
+	Services map[string]*xdsService `json:"services"`
+}
+
+// xdsService is one service of the view.
+type xdsService struct {
+	CrossZone bool         `json:"cross_zone"`
+	Backends  []xdsBackend `json:"backends"`
+}
+
+// xdsBackend is one backend with the control plane's verdict.
+type xdsBackend struct {
+	// ID is the backend's identity (hash_key or address); Dial is its address.
+	ID     string    `json:"id"`
+	Dial   string    `json:"dial"`
+	Weight uint32    `json:"weight"`
+	Zone   string    `json:"zone,omitempty"`
+	Drain  bool      `json:"drain,omitempty"`
+	Health string    `json:"health"`
+	Since  time.Time `json:"since,omitempty"`
+}
+
+// usable: the control plane did not find it down (unknown counts: a backend not probed yet,
+// or one the control plane fails open to, is routed to, as Envoy does).
+func (b *xdsBackend) usable() bool { return b.Health != health.Unhealthy.String() }
+
+// pick returns the dial addresses a node of zone serves: the usable backends, draining
+// ones included (their pinned sessions stay; the drain table keeps new ones away). With
+// cross_zone false only the node's zone, unless it has no usable non-draining backend.
+// When no non-draining backend is usable anywhere, every non-draining one (fail open).
+func (s *xdsService) pick(zone string) []string {
+	take := func(inZone bool) (out []string, live int) {
+		for i := range s.Backends {
+			b := &s.Backends[i]
+			if inZone && b.Zone != zone || !b.usable() {
+				continue
+			}
+			out = append(out, b.Dial)
+			if !b.Drain {
+				live++
+			}
+		}
+		return out, live
+	}
+	if !s.CrossZone && zone != "" {
+		if out, live := take(true); live > 0 {
+			return out
+		}
+	}
+	out, live := take(false)
+	if live > 0 {
+		return out
+	}
+	out = out[:0]
+	for i := range s.Backends {
+		if b := &s.Backends[i]; !b.Drain || b.usable() {
+			out = append(out, b.Dial)
+		}
+	}
+	return out
+}
+
+// viewOf converts a decoded view, refusing what a Caddy node cannot route to.
+func viewOf(v *fleetview.View) (*xdsView, error) {
+	out := &xdsView{Services: map[string]*xdsService{}}
+	for _, s := range v.File.Services {
+		svc := &xdsService{CrossZone: s.CrossZone}
+		dials := map[string]bool{}
+		for _, b := range s.Backends {
+			if dials[b.Address] {
+				return nil, fmt.Errorf("service %s: address %s listed twice (Caddy keys upstreams by address)", s.Name, b.Address)
+			}
+			dials[b.Address] = true
+			vd := v.Verdicts[fleetview.Key(s.Name, b.Identity())]
+			svc.Backends = append(svc.Backends, xdsBackend{ID: b.Identity(), Dial: b.Address, Weight: b.Weight,
+				Zone: b.Zone, Drain: b.Drain, Health: vd.State.String(), Since: vd.Since})
+		}
+		out.Services[s.Name] = svc
+	}
+	return out, nil
+}
+
+// xdsSub is one ADS subscription shared by every source naming its server and node.
+type xdsSub struct {
+	client    *adsclient.Client
+	collector prometheus.Collector
+	cancel    context.CancelFunc
+	log       *zap.Logger
+	// path is where the last applied view is saved.
+	path         string
+	server, node string
+	// key names this subscription's view in xdsTable.
+	key  string
+	view atomic.Pointer[xdsView]
+}
+
+// viewFileName names the saved view of a server and node.
+func viewFileName(server, node string) string {
+	h := sha256.Sum256([]byte(server + "\x00" + node))
+	return "view-" + hex.EncodeToString(h[:8]) + ".json"
+}
+
+// savedView is the file format of a saved view.
+type savedView struct {
+	Server string    `json:"server"`
+	NodeID string    `json:"node_id"`
+	Saved  time.Time `json:"saved"`
+	View   *xdsView  `json:"view"`
+}
+
+func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsSub, error) {
+	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
+	c, err := adsclient.New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
+		server: cfg.Server, node: cfg.NodeID, key: key}
+	s.load(cfg)
+	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: s.apply}
+	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
+		return nil, err
+	}
+	if err := c.Subscribe(resource.EndpointType, a.Endpoints); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if err := c.Start(ctx); err != nil {
+		cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+// load serves the saved view until the control plane sends one.
+func (s *xdsSub) load(cfg adsclient.Config) {
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var sv savedView
+	if err == nil {
+		err = json.Unmarshal(b, &sv)
+	}
+	if err == nil && (sv.View == nil || sv.Server != cfg.Server || sv.NodeID != cfg.NodeID) {
+		err = errors.New("not a view of this server and node")
+	}
+	if err != nil {
+		s.log.Warn("ignoring the saved xDS view", zap.String("file", s.path), zap.Error(err))
+		return
+	}
+	s.install(sv.View)
+	s.log.Info("serving the saved xDS view until the control plane answers", zap.String("file", s.path),
+		zap.Time("saved", sv.Saved))
+}
+
+// apply installs a complete view from the control plane; an error NACKs it and the last
+// view stays.
+func (s *xdsSub) apply(v *fleetview.View) error {
+	xv, err := viewOf(v)
+	if err != nil {
+		return err
+	}
+	s.install(xv)
+	s.save(xv)
+	s.log.Info("applied an xDS view", zap.Int("services", len(xv.Services)))
+	return nil
+}
+
+func (s *xdsSub) install(v *xdsView) {
+	s.view.Store(v)
+	xdsTable.set(s.key, v)
+}
+
+// save writes the view atomically (a temporary file renamed); a failure is logged, not
+// NACKed: the view itself is fine.
+func (s *xdsSub) save(v *xdsView) {
+	b, err := json.Marshal(savedView{Server: s.server, NodeID: s.node, Saved: time.Now().UTC(), View: v})
+	if err == nil {
+		err = os.MkdirAll(filepath.Dir(s.path), 0o700)
+	}
+	if err == nil {
+		tmp := s.path + ".tmp"
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, s.path)
+		}
+	}
+	if err != nil {
+		s.log.Warn("saving the xDS view", zap.String("file", s.path), zap.Error(err))
+	}
+}
+
+// Destruct stops the subscription when no config uses it.
+func (s *xdsSub) Destruct() error {
+	s.cancel()
+	err := s.client.Close()
+	xdsTable.set(s.key, nil)
+	return err
+}
+
+// xdsTable is the control plane's weights and drain states by upstream identity, as the
+// subscriptions' views give them: the stickylb policies consult it (weights) and the drain
+// set (drains). Process-wide like the drain set, as the policies and sources of one config
+// are separate modules.
+var xdsTable = newSourceTable()
+
+// sourceTable merges the views of every subscription.
+type sourceTable struct {
+	mu    sync.Mutex
+	views map[string]*xdsView
+	// weights is the merged weight table (identity -> weight), nil when empty.
+	weights atomic.Pointer[map[string]float64]
+}
+
+func newSourceTable() *sourceTable { return &sourceTable{views: map[string]*xdsView{}} }
+
+// set replaces the view of subscription key (nil removes it) and republishes the merged
+// weights and drain states. The policies know an upstream by address only, so one named by
+// several services or views is drained if any of them drains it and weighs the largest
+// weight any of them gives (either choice is deterministic; map order is not).
+func (t *sourceTable) set(key string, v *xdsView) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v == nil {
+		delete(t.views, key)
+	} else {
+		t.views[key] = v
+	}
+	weights := map[string]float64{}
+	drained := map[string]bool{}
+	for _, v := range t.views {
+		for _, s := range v.Services {
+			for _, b := range s.Backends {
+				weights[b.Dial] = max(weights[b.Dial], float64(b.Weight))
+				if b.Drain {
+					drained[b.Dial] = true
+				}
+			}
+		}
+	}
+	if len(weights) == 0 {
+		t.weights.Store(nil)
+	} else {
+		t.weights.Store(&weights)
+	}
+	drains.setSource(drained)
+}
+
+// weight is the control plane's weight of the upstream with identity id.
+func (t *sourceTable) weight(id string) (float64, bool) {
+	m := t.weights.Load()
+	if m == nil {
+		return 0, false
+	}
+	w, ok := (*m)[id]
+	return w, ok && w > 0
+}
+
+func (t *sourceTable) hasWeights() bool { return t.weights.Load() != nil }
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*XDSUpstreams)(nil)
+	_ caddy.Validator             = (*XDSUpstreams)(nil)
+	_ caddy.CleanerUpper          = (*XDSUpstreams)(nil)
+	_ reverseproxy.UpstreamSource = (*XDSUpstreams)(nil)
+	_ caddyfile.Unmarshaler       = (*XDSUpstreams)(nil)
+)

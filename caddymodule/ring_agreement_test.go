@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/stickylb/stickylb/internal/fanout"
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/healthtest"
 	"github.com/stickylb/stickylb/internal/testwait"
@@ -224,38 +224,25 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	// compare sends every key through both tiers (4 workers each) and checks they agree.
 	compare := func(what string, want []string) []string {
 		got := make([]string, agreeKeys)
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < agreeKeys; i += 4 {
-					c, err := viaCaddy(key(i))
-					if err != nil {
-						errs <- err
-						return
-					}
-					r, err := viaGRPC(key(i))
-					if err != nil {
-						errs <- err
-						return
-					}
-					if c != r {
-						errs <- fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, key(i), c, r)
-						return
-					}
-					if c != want[i] {
-						errs <- fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, key(i), c, want[i])
-						return
-					}
-					got[i] = c
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		err := fanout.Each(agreeKeys, 4, func(i int) error {
+			c, err := viaCaddy(key(i))
+			if err != nil {
+				return err
+			}
+			r, err := viaGRPC(key(i))
+			if err != nil {
+				return err
+			}
+			if c != r {
+				return fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, key(i), c, r)
+			}
+			if c != want[i] {
+				return fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, key(i), c, want[i])
+			}
+			got[i] = c
+			return nil
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 		counts := map[string]int{}

@@ -3,8 +3,6 @@ package xds
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -27,14 +25,7 @@ func TestGRPCVirtualNodesWeighted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real grpc-go client and backends")
 	}
-	if os.Getenv("GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING") != "false" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestGRPCVirtualNodesWeighted$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false")
-		out, err := cmd.CombinedOutput()
-		t.Logf("child (GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false):\n%s", out)
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestGRPCVirtualNodesWeighted") {
-			t.Fatalf("child failed: %v", err)
-		}
+	if ranInExactWeightsChild(t) {
 		return
 	}
 	const (

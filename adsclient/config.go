@@ -2,10 +2,8 @@ package adsclient
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -13,6 +11,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/stickylb/stickylb/internal/certpool"
 )
 
 // Config says where the control plane is and who this node is.
@@ -130,13 +130,9 @@ func (c Config) node() *corev3.Node {
 func (t TLS) config() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		pool, err := certpool.FromFile(t.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("adsclient: reading the CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("adsclient: %s holds no PEM certificate", t.CAFile)
 		}
 		cfg.RootCAs = pool
 	}

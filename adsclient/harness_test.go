@@ -21,22 +21,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // eventually polls cond every 10 ms until within elapses, then fails with what it saw last.
 func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last saw %s", what, within, last)
+	testwait.Until(t, within, 10*time.Millisecond, what, cond)
 }
 
 // testServer is go-control-plane's real ADS server on loopback, recording every request.

@@ -2,16 +2,8 @@ package adsclient
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,74 +13,9 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/stickylb/stickylb/internal/testcert"
 )
-
-// pki is a test CA with its files.
-type pki struct {
-	cert   *x509.Certificate
-	key    *ecdsa.PrivateKey
-	caFile string
-}
-
-func writePEM(t *testing.T, path, kind string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func newCA(t *testing.T, dir, name string) *pki {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pki{cert: cert, key: key, caFile: filepath.Join(dir, name+".pem")}
-	writePEM(t, p.caFile, "CERTIFICATE", der)
-	return p
-}
-
-// issue signs a leaf for dnsName (server) or a client certificate, and writes its files.
-func (p *pki) issue(t *testing.T, dir, name, dnsName string, usage x509.ExtKeyUsage) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-	}
-	if dnsName != "" {
-		tmpl.DNSNames = []string{dnsName}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "EC PRIVATE KEY", kder)
-	return certFile, keyFile
-}
 
 // TestTLSAndMTLS: the client reaches a TLS server whose certificate its CA signed (checked
 // against ServerName), and a server demanding client certificates when it presents one; it
@@ -97,16 +24,18 @@ func (p *pki) issue(t *testing.T, dir, name, dnsName string, usage x509.ExtKeyUs
 // the expected reason, and the server must have received no request.
 func TestTLSAndMTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, other := newCA(t, dir, "ca"), newCA(t, dir, "other-ca")
+	ca, other := testcert.NewCA(t, "ca"), testcert.NewCA(t, "other-ca")
+	caFile, otherFile := ca.WriteCA(filepath.Join(dir, "ca.pem")), other.WriteCA(filepath.Join(dir, "other-ca.pem"))
 	const serverName = "xds.test"
-	srvCert, srvKey := ca.issue(t, dir, "server", serverName, x509.ExtKeyUsageServerAuth)
-	cliCert, cliKey := ca.issue(t, dir, "client", "", x509.ExtKeyUsageClientAuth)
+	srvCert, srvKey := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "server", Server: true, DNS: []string{serverName}}), srvCert, srvKey)
+	cliCert, cliKey := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "client"}), cliCert, cliKey)
 	pair, err := tls.LoadX509KeyPair(srvCert, srvKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool := ca.Pool
 
 	for _, tc := range []struct {
 		name       string
@@ -114,11 +43,11 @@ func TestTLSAndMTLS(t *testing.T) {
 		cfg        TLS
 		refusedFor string // "" when the client must get through
 	}{
-		{name: "tls", cfg: TLS{CAFile: ca.caFile, ServerName: serverName}},
-		{name: "tls wrong CA", cfg: TLS{CAFile: other.caFile, ServerName: serverName}, refusedFor: "certificate signed by unknown authority"},
-		{name: "tls wrong name", cfg: TLS{CAFile: ca.caFile}, refusedFor: "doesn't contain any IP SANs"},
-		{name: "mtls", mtls: true, cfg: TLS{CAFile: ca.caFile, ServerName: serverName, CertFile: cliCert, KeyFile: cliKey}},
-		{name: "mtls without a client certificate", mtls: true, cfg: TLS{CAFile: ca.caFile, ServerName: serverName}, refusedFor: "certificate required"},
+		{name: "tls", cfg: TLS{CAFile: caFile, ServerName: serverName}},
+		{name: "tls wrong CA", cfg: TLS{CAFile: otherFile, ServerName: serverName}, refusedFor: "certificate signed by unknown authority"},
+		{name: "tls wrong name", cfg: TLS{CAFile: caFile}, refusedFor: "doesn't contain any IP SANs"},
+		{name: "mtls", mtls: true, cfg: TLS{CAFile: caFile, ServerName: serverName, CertFile: cliCert, KeyFile: cliKey}},
+		{name: "mtls without a client certificate", mtls: true, cfg: TLS{CAFile: caFile, ServerName: serverName}, refusedFor: "certificate required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			scfg := &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,14 +15,15 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
-	xdsgrpc "google.golang.org/grpc/xds"
 
+	"github.com/stickylb/stickylb/internal/fanout"
+	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/healthtest"
+	"github.com/stickylb/stickylb/internal/testwait"
 	"github.com/stickylb/stickylb/policies/chash"
-	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
 )
@@ -64,7 +64,7 @@ func startDualBackends(t *testing.T, n int) []*dualBackend {
 		}
 		b.addr = ln.Addr().String()
 		g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			if err := grpc.SetHeader(ctx, metadata.Pairs("backend", b.name)); err != nil {
+			if err := grpc.SetHeader(ctx, metadata.Pairs(grpctest.BackendHeader, b.name)); err != nil {
 				return nil, err
 			}
 			return h(ctx, req)
@@ -152,46 +152,17 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	t.Cleanup(cancel)
 
 	// The control plane, with a health view the test flips.
-	var mu sync.Mutex
-	down := map[string]bool{}
-	view := func(_ string, b *pools.Backend) health.State {
-		mu.Lock()
-		defer mu.Unlock()
-		if down[b.Address] {
-			return health.Unhealthy
-		}
-		return health.Healthy
-	}
-	srv := xds.NewServer(ctx, agreePools(t, bs[:3]), view, zaptest.NewLogger(t))
-	g := grpc.NewServer()
-	srv.Register(g)
-	xln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(xln)
-	t.Cleanup(g.Stop)
-	bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":"grpc-agree","locality":{"zone":""}}}`, xln.Addr().String())
-	rb, err := xdsgrpc.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///api", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	var sw healthtest.Switch
+	srv := xds.NewServer(ctx, agreePools(t, bs[:3]), sw.View, zaptest.NewLogger(t))
+	cc := grpctest.DialXDS(t, grpctest.Serve(t, srv.Register), "grpc-agree", "", "api")
 	viaGRPC := func(key string) (string, error) {
-		var hdr metadata.MD
-		cctx, ccancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "x-session", key), 10*time.Second)
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 		defer ccancel()
-		if _, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr)); err != nil {
+		b, err := grpctest.Call(cctx, cc, key)
+		if err != nil {
 			return "", fmt.Errorf("gRPC call for %s: %w", key, err)
 		}
-		if v := hdr.Get("backend"); len(v) == 1 {
-			return v[0], nil
-		}
-		return "", fmt.Errorf("gRPC call for %s: no backend header in %v", key, hdr)
+		return b, nil
 	}
 
 	// Caddy.
@@ -239,60 +210,39 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	}
 	// settle waits until a sample of keys goes where want says on both tiers.
 	settle := func(what string, want []string, within time.Duration) {
-		deadline := time.Now().Add(within)
-		for {
-			off := ""
-			for i := 0; i < agreeKeys && off == ""; i += 37 {
+		testwait.Until(t, within, 50*time.Millisecond, what+": the tiers take the change in", func() (bool, string) {
+			for i := 0; i < agreeKeys; i += 37 {
 				c, err1 := viaCaddy(key(i))
 				r, err2 := viaGRPC(key(i))
 				if err1 != nil || err2 != nil || c != want[i] || r != want[i] {
-					off = fmt.Sprintf("%s: Caddy %s %v, gRPC %s %v, ring %s", key(i), c, err1, r, err2, want[i])
+					return false, fmt.Sprintf("%s: Caddy %s %v, gRPC %s %v, ring %s", key(i), c, err1, r, err2, want[i])
 				}
 			}
-			if off == "" {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the tiers did not take the change in within %s: %s", what, within, off)
-			}
-			time.Sleep(50 * time.Millisecond) // polling interval of a condition with a deadline
-		}
+			return true, ""
+		})
 	}
 	// compare sends every key through both tiers (4 workers each) and checks they agree.
 	compare := func(what string, want []string) []string {
 		got := make([]string, agreeKeys)
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < agreeKeys; i += 4 {
-					c, err := viaCaddy(key(i))
-					if err != nil {
-						errs <- err
-						return
-					}
-					r, err := viaGRPC(key(i))
-					if err != nil {
-						errs <- err
-						return
-					}
-					if c != r {
-						errs <- fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, key(i), c, r)
-						return
-					}
-					if c != want[i] {
-						errs <- fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, key(i), c, want[i])
-						return
-					}
-					got[i] = c
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		err := fanout.Each(agreeKeys, 4, func(i int) error {
+			c, err := viaCaddy(key(i))
+			if err != nil {
+				return err
+			}
+			r, err := viaGRPC(key(i))
+			if err != nil {
+				return err
+			}
+			if c != r {
+				return fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, key(i), c, r)
+			}
+			if c != want[i] {
+				return fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, key(i), c, want[i])
+			}
+			got[i] = c
+			return nil
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 		counts := map[string]int{}
@@ -327,9 +277,7 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 
 	// b2 turns unhealthy: its /health fails for Caddy's checks, the checker's view says so.
 	bs[1].down.Store(true)
-	mu.Lock()
-	down[bs[1].addr] = true
-	mu.Unlock()
+	sw.Down(bs[1].addr)
 	if err := srv.Refresh(); err != nil {
 		t.Fatal(err)
 	}

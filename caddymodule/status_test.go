@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/testwait"
 	"github.com/stickylb/stickylb/policies/sessions"
 	"github.com/stickylb/stickylb/policies/status"
 )
@@ -22,12 +24,7 @@ import (
 // statusFreePort returns a loopback port nothing listens on right now.
 func statusFreePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return loopback.FreePort(t)
 }
 
 // statusBackend is a real HTTP server on loopback answering with its name.
@@ -47,17 +44,7 @@ func statusBackend(t *testing.T, name string) (addr string, kill func()) {
 // statusWait polls cond every 20ms until it holds or within passes.
 func statusWait(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s; last saw: %s", what, within, seen)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(t, within, 20*time.Millisecond, what, cond)
 }
 
 func statusDo(t *testing.T, method, url, body string, hdr ...string) (int, string) {

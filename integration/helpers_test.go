@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/loopback"
 )
 
 // backend is a real HTTP server on loopback that answers with its name.
@@ -105,12 +107,7 @@ func byName(bs []*backend, name string) *backend {
 // freePort returns a loopback port nothing listens on right now.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return loopback.FreePort(t)
 }
 
 // client is one user agent: its own cookie jar, optionally its own source address.

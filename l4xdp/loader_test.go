@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testwait"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -279,17 +280,7 @@ func vipTable(t *testing.T, f *Tables, id uint32) (uint32, map[uint32]bool) {
 // eventually polls cond until it holds or within has passed.
 func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, saw := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s; last saw %s", what, within, saw)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(t, within, 20*time.Millisecond, what, cond)
 }
 
 // One backend down: out of the table, no panic. Every backend down: the table holds them

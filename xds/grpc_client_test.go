@@ -12,11 +12,11 @@ import (
 
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
-	xdsgrpc "google.golang.org/grpc/xds"
 
+	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -29,7 +29,7 @@ type grpcBackend struct {
 }
 
 func (b *grpcBackend) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
-	grpc.SetHeader(ctx, metadata.Pairs("backend", b.name))
+	grpc.SetHeader(ctx, metadata.Pairs(grpctest.BackendHeader, b.name))
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 }
 
@@ -55,50 +55,24 @@ func startXDS(t *testing.T, f *pools.File) (*Server, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	s := NewServer(ctx, f, nil, zaptest.NewLogger(t))
-	g := grpc.NewServer()
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	return s, ln.Addr().String()
+	return s, grpctest.Serve(t, s.Register)
 }
 
+// listen is a loopback listener, closed when the test ends.
 func listen(t testing.TB) net.Listener {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
+	return loopback.Listen(t)
 }
 
 // dialXDS is one simulated node: its own bootstrap (node id and zone) and resolver.
 func dialXDS(t *testing.T, xdsAddr, nodeID, zone, service string) *grpc.ClientConn {
 	t.Helper()
-	bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q,"locality":{"zone":%q}}}`, xdsAddr, nodeID, zone)
-	rb, err := xdsgrpc.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///"+service, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
+	return grpctest.DialXDS(t, xdsAddr, nodeID, zone, service)
 }
 
+// call sends key and returns the backend that answered.
 func call(ctx context.Context, cc *grpc.ClientConn, key string) (string, error) {
-	var hdr metadata.MD
-	ctx = metadata.AppendToOutgoingContext(ctx, "x-session", key)
-	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr))
-	if err != nil {
-		return "", err
-	}
-	if v := hdr.Get("backend"); len(v) == 1 {
-		return v[0], nil
-	}
-	return "", fmt.Errorf("no backend header: %v", hdr)
+	return grpctest.Call(ctx, cc, key)
 }
 
 func grpcPools(t *testing.T, bs []*grpcBackend, weights []int, extra string) *pools.File {
@@ -115,6 +89,24 @@ func grpcPools(t *testing.T, bs []*grpcBackend, weights []int, extra string) *po
 	return f
 }
 
+// ranInExactWeightsChild re-runs t in a child process with
+// GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false (grpc reads it at start), fails t when the
+// child did not pass, and reports true; in the child it reports false, and t goes on.
+func ranInExactWeightsChild(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv("GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING") == "false" {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false")
+	out, err := cmd.CombinedOutput()
+	t.Logf("child (GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false):\n%s", out)
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("child failed: %v", err)
+	}
+	return true
+}
+
 // TestGRPCRingHashFollowsPolicies: a real grpc-go xDS client subscribed to our server keeps
 // each x-session key on one backend, and on exactly the backend policies' ring predicts,
 // with unequal weights. grpc-go's default weighted pick-first shuffling turns endpoint
@@ -122,14 +114,7 @@ func grpcPools(t *testing.T, bs []*grpcBackend, weights []int, extra string) *po
 // GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false (grpc reads it at start: the test re-runs
 // itself in a child process with it set).
 func TestGRPCRingHashFollowsPolicies(t *testing.T) {
-	if os.Getenv("GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING") != "false" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestGRPCRingHashFollowsPolicies$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false")
-		out, err := cmd.CombinedOutput()
-		t.Logf("child (GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false):\n%s", out)
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestGRPCRingHashFollowsPolicies") {
-			t.Fatalf("child failed: %v", err)
-		}
+	if ranInExactWeightsChild(t) {
 		return
 	}
 	bs := startGRPCBackends(t, 3)

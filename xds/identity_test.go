@@ -2,15 +2,8 @@ package xds
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
-	"net/url"
 	"testing"
 	"time"
 
@@ -20,71 +13,19 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/testcert"
 )
 
-// testCA issues real certificates for the identity tests.
-type testCA struct {
-	t    *testing.T
-	key  *ecdsa.PrivateKey
-	cert *x509.Certificate
-	pool *x509.CertPool
-	n    int64
-}
-
-func newTestCA(t *testing.T) *testCA {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(c)
-	return &testCA{t: t, key: key, cert: c, pool: pool, n: 1}
-}
-
-// issue returns a certificate with the given DNS and URI SANs (a server certificate when
-// ip is set).
-func (ca *testCA) issue(ip net.IP, dns []string, uris ...string) tls.Certificate {
-	ca.n++
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.n), Subject: pkix.Name{CommonName: "node"}, DNSNames: dns,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	for _, u := range uris {
-		pu, err := url.Parse(u)
-		if err != nil {
-			ca.t.Fatal(err)
-		}
-		tmpl.URIs = append(tmpl.URIs, pu)
-	}
-	if ip != nil {
-		tmpl.IPAddresses, tmpl.ExtKeyUsage = []net.IP{ip}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		ca.t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
 // mtlsXDS serves s with mutual TLS and returns a dialer presenting a given certificate.
-func mtlsXDS(t *testing.T, s *Server, ca *testCA) func(tls.Certificate) *grpc.ClientConn {
-	srv := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{ca.issue(net.ParseIP("127.0.0.1"), nil)},
-		ClientCAs: ca.pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
-	g := grpc.NewServer(grpc.Creds(srv))
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
+func mtlsXDS(t *testing.T, s *Server, ca *testcert.CA) func(tls.Certificate) *grpc.ClientConn {
+	srv := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{ca.Issue(testcert.Leaf{Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})},
+		ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	addr := grpctest.Serve(t, s.Register, grpc.Creds(srv))
 	return func(c tls.Certificate) *grpc.ClientConn {
-		creds := credentials.NewTLS(&tls.Config{RootCAs: ca.pool, Certificates: []tls.Certificate{c}, ServerName: "127.0.0.1"})
-		cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(creds))
+		creds := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{c}, ServerName: "127.0.0.1"})
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,14 +38,14 @@ func mtlsXDS(t *testing.T, s *Server, ca *testCA) func(tls.Certificate) *grpc.Cl
 // covered by the client certificate (URI SAN spiffe://TD/ID, or a DNS SAN naming the id's
 // host part); anything else is refused with PermissionDenied.
 func TestNodeIdentityFromCertificate(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testcert.NewCA(t, "test ca")
 	s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zaptest.NewLogger(t), WithNodeIdentity())
 	dial := mtlsXDS(t, s, ca)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	host1 := dial(ca.issue(nil, []string{"host1.example"}))
-	spiffe := dial(ca.issue(nil, nil, "spiffe://fleet.example/edge-7"))
-	wildcard := dial(ca.issue(nil, []string{"*.example"}))
+	host1 := dial(ca.Issue(testcert.Leaf{DNS: []string{"host1.example"}}))
+	spiffe := dial(ca.Issue(testcert.Leaf{URIs: []string{"spiffe://fleet.example/edge-7"}}))
+	wildcard := dial(ca.Issue(testcert.Leaf{DNS: []string{"*.example"}}))
 	for _, c := range []struct {
 		name string
 		cc   *grpc.ClientConn
@@ -134,11 +75,11 @@ func TestSecondStreamOfALiveNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	t.Run("mTLS", func(t *testing.T) {
-		ca := newTestCA(t)
+		ca := testcert.NewCA(t, "test ca")
 		s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zaptest.NewLogger(t), WithNodeIdentity())
 		dial := mtlsXDS(t, s, ca)
-		byDNS := ca.issue(nil, []string{"host1"})
-		bySPIFFE := ca.issue(nil, nil, "spiffe://fleet.example/host1/caddy") // also covers the id
+		byDNS := ca.Issue(testcert.Leaf{DNS: []string{"host1"}})
+		bySPIFFE := ca.Issue(testcert.Leaf{URIs: []string{"spiffe://fleet.example/host1/caddy"}}) // also covers the id
 		_, closeFirst, err := adsNode(ctx, dial(byDNS), "host1/caddy", "zone-a")
 		if err != nil {
 			t.Fatal(err)
@@ -146,7 +87,7 @@ func TestSecondStreamOfALiveNode(t *testing.T) {
 		if _, _, err := adsNode(ctx, dial(bySPIFFE), "host1/caddy", "zone-a"); status.Code(err) != codes.AlreadyExists {
 			t.Fatalf("another certificate for a live node: %v, want AlreadyExists", err)
 		}
-		if _, _, err := adsNode(ctx, dial(ca.issue(nil, []string{"host1"})), "host1/caddy", "zone-a"); err != nil {
+		if _, _, err := adsNode(ctx, dial(ca.Issue(testcert.Leaf{DNS: []string{"host1"}})), "host1/caddy", "zone-a"); err != nil {
 			t.Fatalf("a renewed certificate with the same SANs: %v", err)
 		}
 		closeFirst()
@@ -154,14 +95,10 @@ func TestSecondStreamOfALiveNode(t *testing.T) {
 	})
 	t.Run("plaintext", func(t *testing.T) {
 		s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zaptest.NewLogger(t))
-		g := grpc.NewServer()
-		s.Register(g)
-		ln := listen(t)
-		go g.Serve(ln)
-		t.Cleanup(g.Stop)
+		addr := grpctest.Serve(t, s.Register)
 		from := func(ip string) *grpc.ClientConn {
 			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-			cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 				grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
 			if err != nil {
 				t.Fatal(err)

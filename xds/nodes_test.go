@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -46,13 +47,9 @@ func bufXDS(t testing.TB, s *Server) func() *grpc.ClientConn {
 // tcpXDS serves s on loopback and returns a dialer of fresh connections.
 func tcpXDS(t testing.TB, s *Server) func() *grpc.ClientConn {
 	t.Helper()
-	ln := listen(t)
-	g := grpc.NewServer()
-	s.Register(g)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
+	addr := grpctest.Serve(t, s.Register)
 	return func() *grpc.ClientConn {
-		cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}

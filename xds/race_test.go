@@ -9,6 +9,8 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // endpointCount is how many endpoints service svc-0 has in what the cache holds for key.
@@ -54,13 +56,8 @@ func TestRefreshNeverRestoresAReplacedFile(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-reloaded:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reload never finished")
+	if err := testwait.Recv(t, reloaded, 10*time.Second, "the reload"); err != nil {
+		t.Fatal(err)
 	}
 	if s.currentFile() != next {
 		t.Errorf("the server's file is the replaced one")

@@ -23,23 +23,14 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // eventually polls cond every 20ms until within elapses, then fails with what it saw last.
 func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) time.Duration {
 	t.Helper()
-	start := time.Now()
-	var last string
-	for time.Since(start) < within {
-		ok, seen := cond()
-		if ok {
-			return time.Since(start)
-		}
-		last = seen
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last saw %s", what, within, last)
-	return 0
+	return testwait.Until(t, within, 20*time.Millisecond, what, cond)
 }
 
 // spread calls n keys once each and counts the backends that answered.

@@ -3,19 +3,15 @@ package xds
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 
+	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/healthtest"
 	"github.com/stickylb/stickylb/policies/chash"
-	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -29,14 +25,7 @@ func TestGRPCVirtualNodesWeighted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real grpc-go client and backends")
 	}
-	if os.Getenv("GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING") != "false" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestGRPCVirtualNodesWeighted$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false")
-		out, err := cmd.CombinedOutput()
-		t.Logf("child (GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false):\n%s", out)
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestGRPCVirtualNodesWeighted") {
-			t.Fatalf("child failed: %v", err)
-		}
+	if ranInExactWeightsChild(t) {
 		return
 	}
 	const (
@@ -59,28 +48,11 @@ func TestGRPCVirtualNodesWeighted(t *testing.T) {
 		}
 		return f
 	}
-	var mu sync.Mutex
-	down := map[string]bool{}
-	view := func(_ string, b *pools.Backend) health.State {
-		mu.Lock()
-		defer mu.Unlock()
-		if down[b.Address] {
-			return health.Unhealthy
-		}
-		return health.Healthy
-	}
+	var sw healthtest.Switch
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	srv := NewServer(ctx, file(3), view, zaptest.NewLogger(t))
-	g := grpc.NewServer()
-	srv.Register(g)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	cc := dialXDS(t, ln.Addr().String(), "grpc-w", "", "api")
+	srv := NewServer(ctx, file(3), sw.View, zaptest.NewLogger(t))
+	cc := dialXDS(t, grpctest.Serve(t, srv.Register), "grpc-w", "", "api")
 
 	predict := func(live []int) (*chash.Ring, []chash.Host) {
 		hosts := make([]chash.Host, len(live))
@@ -141,9 +113,7 @@ func TestGRPCVirtualNodesWeighted(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := phase("3:1:2:2", []int{0, 1, 2, 3})
-	mu.Lock()
-	down[bs[1].addr] = true // the lightest backend
-	mu.Unlock()
+	sw.Down(bs[1].addr) // the lightest backend
 	if err := srv.Refresh(); err != nil {
 		t.Fatal(err)
 	}

@@ -3,14 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,6 +20,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+
+	"github.com/stickylb/stickylb/internal/testcert"
 )
 
 func TestXDSInvalidFileAtStart(t *testing.T) {
@@ -40,46 +36,13 @@ func TestXDSInvalidFileAtStart(t *testing.T) {
 // pki writes a CA, a server certificate for 127.0.0.1 and a client certificate.
 func pki(t *testing.T) (caFile, certFile, keyFile string, client tls.Certificate, pool *x509.CertPool) {
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	issue := func(serial int64, server bool) ([]byte, *ecdsa.PrivateKey) {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "node"},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature}
-		if server {
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		} else {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-			tmpl.DNSNames = []string{"tls-node"} // covers node ids tls-node and tls-node/...
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, k
-	}
-	pemFile := func(name, typ string, b []byte) string {
-		p := filepath.Join(dir, name)
-		os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600)
-		return p
-	}
-	caFile = pemFile("ca.pem", "CERTIFICATE", caDER)
-	sDER, sKey := issue(2, true)
-	certFile = pemFile("server.pem", "CERTIFICATE", sDER)
-	kb, _ := x509.MarshalECPrivateKey(sKey)
-	keyFile = pemFile("server.key", "EC PRIVATE KEY", kb)
-	cDER, cKey := issue(3, false)
-	client = tls.Certificate{Certificate: [][]byte{cDER}, PrivateKey: cKey}
-	pool = x509.NewCertPool()
-	pool.AddCert(ca)
-	return
+	ca := testcert.NewCA(t, "test ca")
+	caFile = ca.WriteCA(filepath.Join(dir, "ca.pem"))
+	certFile, keyFile = filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key")
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}}), certFile, keyFile)
+	// The DNS name covers node ids tls-node and tls-node/...
+	client = ca.Issue(testcert.Leaf{DNS: []string{"tls-node"}})
+	return caFile, certFile, keyFile, client, ca.Pool
 }
 
 func TestXDSMutualTLS(t *testing.T) {

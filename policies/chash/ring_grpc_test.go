@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/stickylb/stickylb/internal/fanout"
 )
 
 // External truth for the ring: grpc-go's real ring_hash balancer, over real gRPC servers on
@@ -257,26 +258,16 @@ func runGRPCRing(t *testing.T, c ringConfig, eps []resolver.Endpoint, nHosts int
 	}
 
 	out := make([]observation, c.keys)
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < c.keys; i += 4 {
-				key := fmt.Sprintf("session-%s-%d", c.name, i)
-				who, err := call(key)
-				if err != nil {
-					errs <- err
-					return
-				}
-				out[i] = observation{key: key, backend: who}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	err = fanout.Each(c.keys, 4, func(i int) error {
+		key := fmt.Sprintf("session-%s-%d", c.name, i)
+		who, err := call(key)
+		if err != nil {
+			return err
+		}
+		out[i] = observation{key: key, backend: who}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return out

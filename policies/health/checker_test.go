@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // schedSlack is the allowance added to bounds computed from the config: timer
@@ -391,13 +393,8 @@ func TestRunStopsEverything(t *testing.T) {
 
 	stopped := time.Now()
 	stop()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatalf("Run still running 2s after cancel, with probes of 5s timeout in flight")
+	if err := testwait.Recv(t, errc, 2*time.Second, "Run returning after cancel, with probes of 5s timeout in flight"); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 	if d := time.Since(stopped); d > time.Second {
 		t.Errorf("Run took %v to return after cancel", d)

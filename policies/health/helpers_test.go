@@ -8,23 +8,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // waitFor polls cond until it holds or the timeout passes, then fails with
 // what cond last reported.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting %v for %s: last seen %s", timeout, what, seen)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testwait.Until(t, timeout, 2*time.Millisecond, what, cond)
 }
 
 // runChecker runs c until the returned stop (also run at cleanup) cancels it,

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // requireICMP skips when this process can open neither a ping socket nor a
@@ -106,13 +108,8 @@ func inNetns(t *testing.T, f func() error) {
 		}
 		errc <- f()
 	}()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("netns test did not finish in 10s")
+	if err := testwait.Recv(t, errc, 10*time.Second, "the netns test"); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 const watchSrc = "services:\n  - {name: a, protocol: http, listen: 127.0.0.1:1, backends: [{address: 10.0.0.1:80}]}\n"
@@ -21,13 +23,7 @@ const watchSrc = "services:\n  - {name: a, protocol: http, listen: 127.0.0.1:1, 
 // deadline is that times a few hundred, for a loaded CI machine).
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Until(t, within, 5*time.Millisecond, what, func() (bool, string) { return cond(), "" })
 }
 
 func writeAtomically(t *testing.T, path, src string) {

@@ -98,12 +98,16 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
 		return 1
 	}
+	log, _ := zap.NewProduction()
+	defer log.Sync()
+	if err := ensureBPFFS(cfg.PinRoot, log); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
 	if xn.server != "" {
 		if xn.nodeID == "" {
 			xn.nodeID = defaultNodeID(*iface)
 		}
-		log, _ := zap.NewProduction()
-		defer log.Sync()
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return runXDPFleet(ctx, cfg, xn, *metrics, log, stdout, stderr)
@@ -112,8 +116,6 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return 1
 	}
-	log, _ := zap.NewProduction()
-	defer log.Sync()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	l, err := l4xdp.Open(cfg, log)

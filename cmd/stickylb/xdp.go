@@ -47,7 +47,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
 	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics (off when empty)")
-	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state")
+	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
 	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")

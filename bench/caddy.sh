@@ -23,7 +23,8 @@ rounds=${ROUNDS:-5}
 duration=${DURATION:-3s}
 conns=${CONNS:-16}
 threads=${THREADS:-1}
-command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 1; }
+. bench/need.sh
+need go wrk:wrk curl:curl awk:gawk sed:sed base64:coreutils
 
 work=$(mktemp -d)
 caddy_pid=""
@@ -102,7 +103,7 @@ run() {
 # rps ARM OUT: the requests/s of a run, failing on errors.
 rps() {
 	if grep -qE 'Non-2xx|Socket errors' "$2"; then echo "$1: $(grep -E 'Non-2xx|Socket errors' "$2")" >&2; exit 1; fi
-	awk '/^Requests\/sec:/ { print $2 }' "$2"
+	awk -v arm="$1" '/^Requests\/sec:/ { print $2; found = 1 } END { if (!found) { print "caddy.sh: no requests/s from wrk against " arm > "/dev/stderr"; exit 1 } }' "$2" || { cat "$2" >&2; exit 1; }
 }
 
 results="$work/results" paired="$work/paired"

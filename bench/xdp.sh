@@ -15,17 +15,29 @@
 # COUNT runs of each (default 5); the medians are compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/need.sh
+if [ "$(id -u)" -ne 0 ]; then
+	echo "xdp.sh: needs root (BPF programs, network namespaces)" >&2
+	exit 1
+fi
+# The live-frames benchmark drives ip, sysctl, ethtool and nft (its nftables arm) in the
+# namespaces it makes; BPF_PROG_RUN needs only go.
+need go ip:iproute2 nft:nftables ethtool:ethtool sysctl:procps mount:mount awk:gawk
 count=${COUNT:-5}
 frames=${FRAMES:-2000000}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 go test -count=1 -run '^$' -bench 'BenchmarkProgRun' -benchtime 2000000x -count "$count" ./l4xdp | tee "$out"
+noskip "$out"
 go test -count=1 -run '^$' -bench 'BenchmarkLiveFrames' -benchtime "${frames}x" -count "$count" ./l4xdp | tee -a "$out"
+noskip "$out"
 
 # median NAME UNIT: the median of the UNIT metric over NAME's runs.
 median() {
 	awk -v name="$1" -v unit="$2" '$1 ~ "^"name"(-[0-9]+)?$" { for (i = 2; i <= NF; i++) if ($i == unit) print $(i-1) }' "$out" |
-		sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print v[int((NR + 1) / 2)] }'
+		sort -g | awk -v name="$1" -v unit="$2" '{ v[NR] = $1 } END {
+			if (NR == 0) { print "xdp.sh: no " unit " figure of " name " in the output" > "/dev/stderr"; exit 1 }
+			print v[int((NR + 1) / 2)] }'
 }
 floor=$(median 'BenchmarkProgRun/path=floor' ns/packet)
 est=$(median 'BenchmarkProgRun/path=established' ns/packet)

@@ -47,7 +47,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
 	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics (off when empty)")
-	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state")
+	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
 	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
@@ -98,12 +98,16 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
 		return 1
 	}
+	log, _ := zap.NewProduction()
+	defer log.Sync()
+	if err := ensureBPFFS(cfg.PinRoot, log); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
 	if xn.server != "" {
 		if xn.nodeID == "" {
 			xn.nodeID = defaultNodeID(*iface)
 		}
-		log, _ := zap.NewProduction()
-		defer log.Sync()
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return runXDPFleet(ctx, cfg, xn, *metrics, log, stdout, stderr)
@@ -112,8 +116,6 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return 1
 	}
-	log, _ := zap.NewProduction()
-	defer log.Sync()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	l, err := l4xdp.Open(cfg, log)

@@ -222,6 +222,9 @@ type Node struct {
 	Zone string `json:"zone,omitempty"`
 	// Kind is envoy, grpc, xdp or caddy, empty when unknown.
 	Kind string `json:"kind,omitempty"`
+	// Group is the snapshot group the node is served: envoy (Envoy and proxyless gRPC
+	// nodes), xdp or caddy.
+	Group string `json:"group,omitempty"`
 	// Connected is when its current stream began, nil when unknown.
 	Connected *time.Time `json:"connected"`
 	// Versions ACKed, by resource type.

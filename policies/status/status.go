@@ -52,6 +52,8 @@ type Snapshot struct {
 	Nodes []Node `json:"nodes,omitempty"`
 	// Notes are tier-wide remarks for the operator (what cannot be known, and why).
 	Notes []string `json:"notes,omitempty"`
+	// Counters are tier-wide path counters (XDP: packets by path through the program).
+	Counters map[string]uint64 `json:"counters,omitempty"`
 }
 
 // Actions lists what the page may do. Every state-changing request needs the same origin

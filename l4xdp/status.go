@@ -68,7 +68,7 @@ func (l *Loader) serviceStatusLocked(s *pools.Service, now time.Time) status.Ser
 	out := status.Service{Name: s.Name, VIP: s.VIP, Policy: s.Balance,
 		Affinity:   status.Affinity{Mode: s.Affinity.Mode},
 		Generation: status.Ptr(l.gens[s.Name])}
-	if s.Affinity.TTL > 0 {
+	if s.Affinity.TTL > 0 && s.Affinity.Mode != pools.ModeNone {
 		out.Affinity.TTL = s.Affinity.TTL.String()
 	}
 	if s.IdleTimeout > 0 {

@@ -119,7 +119,7 @@ func (s *Server) serviceStatus(svc *pools.Service, view HealthView, panicking bo
 	if svc.Listen != "" {
 		out.Listen = []string{svc.Listen}
 	}
-	if svc.Affinity.TTL > 0 {
+	if svc.Affinity.TTL > 0 && svc.Affinity.Mode != pools.ModeNone {
 		out.Affinity.TTL = svc.Affinity.TTL.String()
 	}
 	if hc := svc.HealthCheck; hc != nil {

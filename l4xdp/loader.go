@@ -38,6 +38,11 @@ type Loader struct {
 	// transition's time); rampBuilt: the ramp step its current tables were built for.
 	rampFrom  map[string]time.Time
 	rampBuilt map[string]int
+	// seen: each backend's last health transition of the loader's own checker, and gens:
+	// how many tables each VIP has had installed (the status page's since, reason and
+	// table generation).
+	seen map[string]health.Transition
+	gens map[string]uint64
 	// maintStop ends the loop that steps ramps and recounts active connections.
 	maintStop, maintDone chan struct{}
 }

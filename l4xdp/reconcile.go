@@ -166,7 +166,14 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		if panicking {
 			vip.Flags |= FlagPanic
 		}
-		put("VIP "+s.Name, l.fw.SetVIP(vip))
+		if err := l.fw.SetVIP(vip); err != nil {
+			put("VIP "+s.Name, err)
+		} else {
+			if l.gens == nil {
+				l.gens = map[string]uint64{}
+			}
+			l.gens[s.Name]++
+		}
 		vips = append(vips, vip)
 	}
 	put("removing VIPs no longer in the file", l.fw.PruneVIPs(vips))
@@ -294,6 +301,10 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	l.log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[string]health.Transition{}
+	}
+	l.seen[service+"/"+tr.ID] = tr
 	if l.external != nil || l.file == nil {
 		return // fed by a control plane: its verdicts, not this checker's, decide
 	}

@@ -11,9 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/stickylb/stickylb/policies/status"
 )
 
-// AdminHandler serves /healthz, /metrics and /config (each stream's current snapshot as
+// AdminHandler serves the fleet's status page at / (its JSON at /status.json), /healthz,
+// /metrics and /config (each stream's current snapshot as
 // JSON, in the manner of Envoy's config_dump). It authenticates nobody and /config shows the
 // whole fleet's configuration: serve it on a private address only (`--admin` is off unless
 // set).
@@ -43,6 +46,9 @@ func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// The fleet's status page at the root and its JSON beside it (read-only).
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { status.ServePage(w) })
+	mux.HandleFunc("GET /"+status.JSONPath, func(w http.ResponseWriter, _ *http.Request) { status.ServeJSON(w, s.Status()) })
 	mux.HandleFunc("/config", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(s.configDump())

@@ -79,6 +79,8 @@ type verdictTimes struct {
 	mu    sync.Mutex
 	since map[string]time.Time    // fleetview.Key(service, identity)
 	from  map[string]health.State // the state left at since
+	// reason of the last transition to unhealthy (the status page's last failure).
+	reason map[string]string
 }
 
 // RecordTransition notes a health transition's time, published with the verdict to XDP
@@ -91,6 +93,12 @@ func (s *Server) RecordTransition(service string, tr health.Transition) {
 	}
 	s.verdicts.since[fleetview.Key(service, tr.ID)] = tr.At
 	s.verdicts.from[fleetview.Key(service, tr.ID)] = tr.From
+	if tr.To == health.Unhealthy {
+		if s.verdicts.reason == nil {
+			s.verdicts.reason = map[string]string{}
+		}
+		s.verdicts.reason[fleetview.Key(service, tr.ID)] = tr.Reason
+	}
 }
 
 // verdictOf is a backend's verdict in view (the version's frozen health view), with the

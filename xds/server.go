@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
@@ -54,6 +55,7 @@ type stream struct {
 	id       int64
 	key      string       // the stream's key in the snapshot cache
 	identity peerIdentity // who is at the other end (certificate or address)
+	opened   time.Time    // when the stream began (the status page's "connected")
 	node     Node         // as the node sent it; zero until the first request
 	view     string       // the view the stream is served: its zone if the file names it, else ""
 	keyNode  *corev3.Node // what the cache sees as the stream's node (its Id is key)
@@ -238,7 +240,7 @@ func (s *Server) open(ctx context.Context, id int64) error {
 	ident := identityOf(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.streams[id] = &stream{id: id, key: "stream/" + strconv.FormatInt(id, 10), identity: ident,
+	s.streams[id] = &stream{id: id, key: "stream/" + strconv.FormatInt(id, 10), identity: ident, opened: time.Now(),
 		types: map[string]bool{}, ackedBy: map[string]string{}}
 	s.peakStreams = max(s.peakStreams, len(s.streams))
 	return nil

@@ -17,7 +17,6 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/l4xdp"
@@ -46,7 +45,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	poolsPath := fs.String("pools", "", "pools file (reloaded when it changes)")
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
-	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics (off when empty)")
+	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics at /metrics and the status page at / (off when empty)")
 	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
@@ -132,7 +131,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -76,7 +75,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	if metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
-		hs := &http.Server{Addr: metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}

@@ -39,7 +39,7 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	var o xdsOptions
 	fs.StringVar(&o.pools, "pools", "", "pools file to serve (reloaded when it changes)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18000", "gRPC address for ADS and the per-type xDS services")
-	fs.StringVar(&o.admin, "admin", "", "HTTP address for /healthz, /metrics and /config (off when empty; unauthenticated: keep it private)")
+	fs.StringVar(&o.admin, "admin", "", "HTTP address for the status page at / (status.json beside it), /healthz, /metrics and /config (off when empty; unauthenticated: keep it private)")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "server certificate (PEM) for TLS")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")

@@ -52,6 +52,8 @@ type Snapshot struct {
 	Nodes []Node `json:"nodes,omitempty"`
 	// Notes are tier-wide remarks for the operator (what cannot be known, and why).
 	Notes []string `json:"notes,omitempty"`
+	// Counters are tier-wide path counters (XDP: packets by path through the program).
+	Counters map[string]uint64 `json:"counters,omitempty"`
 }
 
 // Actions lists what the page may do. Every state-changing request needs the same origin
@@ -222,6 +224,9 @@ type Node struct {
 	Zone string `json:"zone,omitempty"`
 	// Kind is envoy, grpc, xdp or caddy, empty when unknown.
 	Kind string `json:"kind,omitempty"`
+	// Group is the snapshot group the node is served: envoy (Envoy and proxyless gRPC
+	// nodes), xdp or caddy.
+	Group string `json:"group,omitempty"`
 	// Connected is when its current stream began, nil when unknown.
 	Connected *time.Time `json:"connected"`
 	// Versions ACKed, by resource type.

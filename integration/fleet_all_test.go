@@ -403,7 +403,11 @@ http://127.0.0.1:%d {
 
 	// One backend of each service killed: within interval x unhealthy_threshold + timeout +
 	// push slack, no tier sends it a new session, and DR flows already open to the other
-	// backends, through both XDP nodes, keep transferring.
+	// backends, through both XDP nodes, keep transferring. g1 dies to the control plane only
+	// (its health port): grpc-go's ring_hash skips a backend it cannot connect to on its
+	// own, so a g1 that still answers is what shows the control plane's verdict reached the
+	// gRPC tiers (a session sent to it would name it). b1 dies whole: a connection sent to
+	// it fails, so K in a row succeeding on b2 and b3 shows it out of both XDP tables.
 	tp.phase("a backend killed", func(t *testing.T) {
 		var flows []*vconn
 		for _, cl := range []string{"cl", "cl2"} {
@@ -420,9 +424,8 @@ http://127.0.0.1:%d {
 			}
 		}
 		killed := time.Now()
-		for _, h := range []string{"b1", "g1"} {
-			backends[h].kill()
-		}
+		backends["b1"].kill()
+		backends["g1"].health.Close()
 		bound := faInterval*faUnhealthy + faTimeout + faPushSlack
 		waitFor(t, bound, "no tier sends new sessions to the killed backends",
 			servesOnly([]string{"b2", "b3"}, []string{"g2", "g3"}))
@@ -435,6 +438,7 @@ http://127.0.0.1:%d {
 		if ok, saw := sameTables("b2", "b3"); !ok {
 			t.Fatalf("XDP tables: %s", saw)
 		}
+		backends["g1"].data()
 	})
 
 	// The dead backends leave the file, and every remaining backend's health check fails

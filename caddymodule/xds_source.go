@@ -24,6 +24,7 @@ import (
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
 )
 
 func init() {
@@ -223,10 +224,12 @@ type xdsService struct {
 // xdsBackend is one backend with the control plane's verdict.
 type xdsBackend struct {
 	// ID is the backend's identity (hash_key or address); Dial is its address.
-	ID     string    `json:"id"`
-	Dial   string    `json:"dial"`
-	Weight uint32    `json:"weight"`
-	Zone   string    `json:"zone,omitempty"`
+	ID     string `json:"id"`
+	Dial   string `json:"dial"`
+	Weight uint32 `json:"weight"`
+	Zone   string `json:"zone,omitempty"`
+	// Drain: no new session; the backend's own drain, or its drained zone's while
+	// another zone has a usable backend (see drainZones).
 	Drain  bool      `json:"drain,omitempty"`
 	Health string    `json:"health"`
 	Since  time.Time `json:"since,omitempty"`
@@ -287,9 +290,35 @@ func viewOf(v *fleetview.View) (*xdsView, error) {
 			svc.Backends = append(svc.Backends, xdsBackend{ID: b.Identity(), Dial: b.Address, Weight: b.Weight,
 				Zone: b.Zone, Drain: b.Drain, Health: vd.State.String(), Since: vd.Since})
 		}
+		drainZones(s, svc)
 		out.Services[s.Name] = svc
 	}
 	return out, nil
+}
+
+// drainZones drains the backends of s's drained zones while another zone has a usable
+// backend that does not drain itself: a drained zone is the last resort, as on the other
+// tiers. The verdicts come with each view, so deciding here holds until the next one. The
+// decoded Drain of a backend in a drained zone is its own (backend_drain).
+func drainZones(s *pools.Service, svc *xdsService) {
+	if len(s.DrainedZones) == 0 {
+		return
+	}
+	elsewhere := false
+	for i := range svc.Backends {
+		if b := &svc.Backends[i]; !s.ZoneDrained(b.Zone) && !b.Drain && b.usable() {
+			elsewhere = true
+			break
+		}
+	}
+	if !elsewhere {
+		return
+	}
+	for i := range svc.Backends {
+		if b := &svc.Backends[i]; s.ZoneDrained(b.Zone) {
+			b.Drain = true
+		}
+	}
 }
 
 // xdsSub is one ADS subscription shared by every source naming its server and node.

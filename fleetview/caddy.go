@@ -25,7 +25,7 @@ var caddyProtocols = []string{pools.ProtocolHTTP, pools.ProtocolGRPC}
 // EncodeCaddy builds the Caddy nodes' view of f: one Cluster per http or grpc service
 // (protocol and cross_zone in its metadata) and one ClusterLoadAssignment with every
 // backend in file order (identity, address, weight, zone, drain, verdict and its time, as
-// for XDP nodes). Zones are not applied here: the view is the same for every Caddy node,
+// for XDP nodes), and the drained zones. Zones are not applied here: the view is the same for every Caddy node,
 // and each node picks its own zone's backends, so one snapshot serves them all.
 func EncodeCaddy(f *pools.File, verdict func(service string, b *pools.Backend) Verdict) ([]*clusterv3.Cluster, []*endpointv3.ClusterLoadAssignment) {
 	var cs []*clusterv3.Cluster
@@ -33,6 +33,20 @@ func EncodeCaddy(f *pools.File, verdict func(service string, b *pools.Backend) V
 	for _, s := range f.Services {
 		if s.Protocol != pools.ProtocolHTTP && s.Protocol != pools.ProtocolGRPC {
 			continue
+		}
+		f := map[string]*structpb.Value{
+			"protocol":       structpb.NewStringValue(s.Protocol),
+			"cross_zone":     structpb.NewBoolValue(s.CrossZone),
+			"health_checked": structpb.NewBoolValue(s.HealthCheck != nil),
+		}
+		// Listed, as for XDP nodes, so a Caddy node keeps a drained zone as the last resort
+		// (each endpoint's drain folds the zone in; backend_drain is the backend's own).
+		if len(s.DrainedZones) > 0 {
+			zs := make([]*structpb.Value, len(s.DrainedZones))
+			for i, z := range s.DrainedZones {
+				zs[i] = structpb.NewStringValue(z)
+			}
+			f["drained_zones"] = structpb.NewListValue(&structpb.ListValue{Values: zs})
 		}
 		cs = append(cs, &clusterv3.Cluster{
 			Name:                 s.Name,
@@ -42,11 +56,7 @@ func EncodeCaddy(f *pools.File, verdict func(service string, b *pools.Backend) V
 				ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 			}},
 			ConnectTimeout: durationpb.New(5 * time.Second),
-			Metadata: meta(map[string]*structpb.Value{
-				"protocol":       structpb.NewStringValue(s.Protocol),
-				"cross_zone":     structpb.NewBoolValue(s.CrossZone),
-				"health_checked": structpb.NewBoolValue(s.HealthCheck != nil),
-			}),
+			Metadata:       meta(f),
 		})
 		ls = append(ls, encodeEndpoints(s, verdict))
 	}
@@ -72,7 +82,8 @@ func DecodeCaddy(clusters, assignments map[string]proto.Message) (*View, error) 
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: %w", name, err)
 		}
-		s := &pools.Service{Name: name, Protocol: f.str("protocol", true), CrossZone: f.boolean("cross_zone")}
+		s := &pools.Service{Name: name, Protocol: f.str("protocol", true), CrossZone: f.boolean("cross_zone"),
+			DrainedZones: f.strings("drained_zones")}
 		if f.boolean("health_checked") {
 			s.HealthCheck = &pools.HealthCheck{}
 		}

@@ -1,0 +1,77 @@
+package caddymodule
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// TestXDSSourceDrainedZoneLastResort: a drained zone is the last resort on Caddy nodes as on
+// the other tiers. Its backends get no new session while another zone has a usable backend;
+// when none has, they take new sessions (not the dead ones of the live zones); a backend
+// that drains itself stays drained either way.
+func TestXDSSourceDrainedZoneLastResort(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(`services:
+  - name: api
+    protocol: http
+    listen: 127.0.0.1:8080
+    drained_zones: [z2]
+    backends:
+      - {address: 10.0.9.1:80, zone: z1}
+      - {address: 10.0.9.2:80, zone: z2}
+      - {address: 10.0.9.3:80, zone: z2, drain: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := func(z1 health.State) *xdsView {
+		t.Helper()
+		cs, ls := fleetview.EncodeCaddy(f, func(_ string, b *pools.Backend) fleetview.Verdict {
+			if b.Zone == "z1" {
+				return fleetview.Verdict{State: z1}
+			}
+			return fleetview.Verdict{State: health.Healthy}
+		})
+		c, l := map[string]proto.Message{}, map[string]proto.Message{}
+		for i := range cs {
+			c[cs[i].Name], l[ls[i].ClusterName] = cs[i], ls[i]
+		}
+		dv, err := fleetview.DecodeCaddy(c, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := viewOf(dv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	drainedOf := func(v *xdsView) string {
+		var out []string
+		for _, b := range v.Services["api"].Backends {
+			if b.Drain {
+				out = append(out, b.Dial)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	up := view(health.Healthy)
+	if got, want := drainedOf(up), "10.0.9.2:80 10.0.9.3:80"; got != want {
+		t.Fatalf("z1 healthy: drained %q, want %q", got, want)
+	}
+	if got, want := strings.Join(dials(t, sourceWith(up, "")), " "), "10.0.9.1:80 10.0.9.2:80 10.0.9.3:80"; got != want {
+		t.Fatalf("z1 healthy: upstreams %q, want %q (drained ones keep their sessions)", got, want)
+	}
+	down := view(health.Unhealthy)
+	if got, want := drainedOf(down), "10.0.9.3:80"; got != want {
+		t.Fatalf("z1 down: drained %q, want %q (the drained zone is the last resort)", got, want)
+	}
+	if got, want := strings.Join(dials(t, sourceWith(down, "")), " "), "10.0.9.2:80 10.0.9.3:80"; got != want {
+		t.Fatalf("z1 down: upstreams %q, want %q", got, want)
+	}
+}

@@ -67,7 +67,7 @@ func servedVersion(t *testing.T, s *Server, id string) string {
 	if len(keys) == 0 {
 		t.Fatalf("node %s has no stream", id)
 	}
-	snap, err := s.cache.GetSnapshot(keys[0])
+	snap, err := s.cachedSnapshot(keys[0])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // endpointCount is how many endpoints service svc-0 has in what the cache holds for key.
 func endpointCount(t *testing.T, s *Server, key string) int {
 	t.Helper()
-	snap, err := s.cache.GetSnapshot(key)
+	snap, err := s.cachedSnapshot(key)
 	if err != nil {
 		t.Fatalf("no snapshot for %s: %v", key, err)
 	}

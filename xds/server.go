@@ -112,11 +112,17 @@ func WithNodeIdentity() Option {
 // view of a zone) and is held while building; mu guards the state below and is never held
 // while building, so ACKs, NACKs and new streams of known zones never wait for a build.
 type Server struct {
-	log      *zap.Logger
-	cache    cachev3.SnapshotCache
-	xds      serverv3.Server
-	view     HealthView
-	maxNodes int
+	log *zap.Logger
+	// orderedCache serves Envoy nodes: go-control-plane's ADS-mode cache, which orders responses
+	// (clusters before endpoints, listeners before routes) so an update never points at a
+	// resource not yet sent. It answers a named request only when the names cover the whole
+	// snapshot, which Envoy's wildcard-and-all requests always do. namedCache serves every other
+	// node (grpc-go asks for its one listener and cluster by name; stickylb's XDP and Caddy
+	// nodes subscribe wildcard): it answers with the resources named.
+	orderedCache, namedCache cachev3.SnapshotCache
+	xds                      serverv3.Server
+	view                     HealthView
+	maxNodes                 int
 	// requireIdentity: node ids must match the client certificate (WithNodeIdentity).
 	requireIdentity bool
 	Stats           Stats
@@ -161,8 +167,16 @@ func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Log
 	for _, o := range opts {
 		o(s)
 	}
-	s.cache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
-	s.xds = serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
+	s.orderedCache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	s.namedCache = cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	caches := &cachev3.MuxCache{
+		// Requests reach the cache with the node the stream was admitted with (request sets
+		// it on every request), so the stream's first node decides.
+		Classify:      func(r *cachev3.Request) string { return cacheKind(r.GetNode()) },
+		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return cacheKind(r.GetNode()) },
+		Caches:        map[string]cachev3.Cache{cacheOrdered: s.orderedCache, cacheNamed: s.namedCache},
+	}
+	s.xds = serverv3.NewServer(ctx, caches, serverv3.CallbackFuncs{
 		StreamOpenFunc:      func(ctx context.Context, id int64, _ string) error { return s.open(ctx, id) },
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error { return s.open(ctx, id) },
 		StreamClosedFunc:    func(id int64, _ *corev3.Node) { s.closed(id) },
@@ -198,6 +212,29 @@ func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Log
 		},
 	})
 	return s
+}
+
+// The two caches, by what a node needs (see Server.orderedCache).
+const (
+	cacheOrdered = "ordered"
+	cacheNamed   = "named"
+)
+
+// cacheKind is the cache a node is served from: Envoy (user agent "envoy") the ordered one,
+// every other node the one that answers by name.
+func cacheKind(n *corev3.Node) string {
+	if n.GetUserAgentName() == "envoy" {
+		return cacheOrdered
+	}
+	return cacheNamed
+}
+
+// cacheOf is the cache of an admitted stream.
+func (s *Server) cacheOf(st *stream) cachev3.SnapshotCache {
+	if cacheKind(st.keyNode) == cacheOrdered {
+		return s.orderedCache
+	}
+	return s.namedCache
 }
 
 // deltaAckVersion marks a delta request that ACKs whatever the stream was last sent.
@@ -257,7 +294,7 @@ func (s *Server) closed(id int64) {
 	}
 	delete(s.streams, id)
 	if st.admitted {
-		s.cache.ClearSnapshot(st.key)
+		s.cacheOf(st).ClearSnapshot(st.key)
 		if e := s.nodes[st.node.ID]; e != nil {
 			if e.streams--; e.streams == 0 {
 				delete(s.nodes, st.node.ID)
@@ -381,7 +418,7 @@ func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
 		return
 	}
 	st.current = snap
-	if err := s.cache.SetSnapshot(context.Background(), st.key, snap); err != nil {
+	if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, snap); err != nil {
 		s.log.Error("setting a snapshot", zap.String("node", st.node.ID), zap.Error(err))
 	}
 }
@@ -493,7 +530,7 @@ func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
 	if st.acked != nil {
 		st.current = st.acked
 		s.Stats.Rollbacks.Add(1)
-		if err := s.cache.SetSnapshot(context.Background(), st.key, st.acked); err != nil {
+		if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, st.acked); err != nil {
 			s.log.Error("rolling back", zap.String("node", st.node.ID), zap.Error(err))
 		}
 	}

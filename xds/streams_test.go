@@ -1,6 +1,7 @@
 package xds
 
 import (
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"slices"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -50,4 +51,13 @@ func (s *Server) ackedVersion(id string) string {
 		return sts[0].acked.GetVersion(resource.ClusterType)
 	}
 	return ""
+}
+
+// cachedSnapshot is the snapshot the stream with cache key key is served, from whichever
+// cache serves it.
+func (s *Server) cachedSnapshot(key string) (cachev3.ResourceSnapshot, error) {
+	if snap, err := s.orderedCache.GetSnapshot(key); err == nil {
+		return snap, nil
+	}
+	return s.namedCache.GetSnapshot(key)
 }

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/stickylb/stickylb/policies/status"
 	"net/http"
 	"strings"
 	"time"
@@ -23,6 +24,7 @@ func init() {
 //	DELETE /stickylb/sessions/TABLE             flush one table
 //	GET    /stickylb/upstreams                  drained upstreams; health of every upstream
 //	POST   /stickylb/upstreams/ADDR/drain       no new sessions for ADDR; pinned ones stay
+//	                                            (header X-Stickylb-Csrf: 1, as every POST)
 //	POST   /stickylb/upstreams/ADDR/undrain
 type AdminAPI struct{}
 
@@ -153,6 +155,11 @@ func handleUpstreams(w http.ResponseWriter, r *http.Request) error {
 	addr, action := rest[:i], rest[i+1:]
 	if r.Method != http.MethodPost {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("%s needs POST", action)}
+	}
+	// A state change: the same CSRF rule as the status page's (the custom header, and a
+	// same-origin request when a browser sends it), on top of Caddy's admin origin checks.
+	if err := status.CheckStateChange(r); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusForbidden, Err: err}
 	}
 	var changed bool
 	switch action {

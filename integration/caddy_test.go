@@ -210,7 +210,12 @@ func getJSON(t *testing.T, u string, v any) {
 
 func post(t *testing.T, u string) {
 	t.Helper()
-	resp, err := http.Post(u, "", nil)
+	req, err := http.NewRequest(http.MethodPost, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Stickylb-Csrf", "1") // every state-changing POST of the admin API needs it
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,23 +95,8 @@ func DecodeCaddy(clusters, assignments map[string]proto.Message) (*View, error) 
 		}
 		v.File.Services = append(v.File.Services, s)
 	}
-	var incomplete []string
-	for _, s := range v.File.Services {
-		m, ok := assignments[s.Name]
-		if !ok {
-			incomplete = append(incomplete, s.Name)
-			continue
-		}
-		cla, ok := m.(*endpointv3.ClusterLoadAssignment)
-		if !ok {
-			return nil, fmt.Errorf("endpoints %s: a %T, not a ClusterLoadAssignment", s.Name, m)
-		}
-		if err := decodeEndpoints(s, cla, v.Verdicts); err != nil {
-			return nil, fmt.Errorf("endpoints %s: %w", s.Name, err)
-		}
-	}
-	if len(incomplete) > 0 {
-		return nil, fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
+	if err := v.attachEndpoints(assignments); err != nil {
+		return nil, err
 	}
 	return v, nil
 }

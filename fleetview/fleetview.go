@@ -206,7 +206,6 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 	}
 	sort.Strings(names)
 	// Clusters first, so a bad one is reported even while another waits for its endpoints.
-	var incomplete []string
 	for _, name := range names {
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {
@@ -218,6 +217,16 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 		}
 		v.File.Services = append(v.File.Services, s)
 	}
+	if err := v.attachEndpoints(assignments); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// attachEndpoints decodes the load assignment of each of v's services (both halves of a view
+// must be there: a service without one is ErrIncomplete).
+func (v *View) attachEndpoints(assignments map[string]proto.Message) error {
+	var incomplete []string
 	for _, s := range v.File.Services {
 		m, ok := assignments[s.Name]
 		if !ok {
@@ -226,16 +235,16 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 		}
 		cla, ok := m.(*endpointv3.ClusterLoadAssignment)
 		if !ok {
-			return nil, fmt.Errorf("endpoints %s: a %T, not a ClusterLoadAssignment", s.Name, m)
+			return fmt.Errorf("endpoints %s: a %T, not a ClusterLoadAssignment", s.Name, m)
 		}
 		if err := decodeEndpoints(s, cla, v.Verdicts); err != nil {
-			return nil, fmt.Errorf("endpoints %s: %w", s.Name, err)
+			return fmt.Errorf("endpoints %s: %w", s.Name, err)
 		}
 	}
 	if len(incomplete) > 0 {
-		return nil, fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
+		return fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
 	}
-	return v, nil
+	return nil
 }
 
 // fields reads a metadata struct as typed getters that remember the first error.

@@ -12,7 +12,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -49,26 +48,13 @@ func TestCaddyNodeView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	states := map[string]health.State{"api-1": health.Healthy}
-	view := func(_ string, b *pools.Backend) health.State {
-		mu.Lock()
-		defer mu.Unlock()
-		return states[b.Identity()]
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s := NewServer(ctx, f, view, zaptest.NewLogger(t))
-	g := grpc.NewServer()
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
+	states := newStateView(map[string]health.State{"api-1": health.Healthy})
+	s, addr := startXDSWithView(t, f, states.view)
 
 	var vmu sync.Mutex
 	var last *fleetview.View
 	start := func(id, zone string) {
-		c, err := adsclient.New(adsclient.Config{Server: ln.Addr().String(), NodeID: id, Zone: zone, UserAgentName: fleetview.UserAgentCaddy}, zaptest.NewLogger(t))
+		c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, Zone: zone, UserAgentName: fleetview.UserAgentCaddy}, zaptest.NewLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,9 +106,7 @@ func TestCaddyNodeView(t *testing.T) {
 	}
 
 	at := time.Now().Add(-time.Second).UTC()
-	mu.Lock()
-	states["api-1"] = health.Unhealthy
-	mu.Unlock()
+	states.set("api-1", health.Unhealthy)
 	s.RecordTransition("api", health.Transition{ID: "api-1", Healthy: false, At: at})
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)

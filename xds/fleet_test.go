@@ -11,7 +11,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -105,22 +104,8 @@ func TestXDPNodeView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	states := map[string]health.State{"10.0.6.1:443": health.Healthy}
-	view := func(_ string, b *pools.Backend) health.State {
-		mu.Lock()
-		defer mu.Unlock()
-		return states[b.Identity()]
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s := NewServer(ctx, f, view, zaptest.NewLogger(t))
-	g := grpc.NewServer()
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	addr := ln.Addr().String()
+	states := newStateView(map[string]health.State{"10.0.6.1:443": health.Healthy})
+	s, addr := startXDSWithView(t, f, states.view)
 
 	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
 	eventually(t, 5*time.Second, "the XDP node's first view", func() (bool, string) {
@@ -169,9 +154,7 @@ func TestXDPNodeView(t *testing.T) {
 
 	// A transition: the XDP node gets the verdict and its time.
 	at := time.Now().Add(-time.Second).UTC()
-	mu.Lock()
-	states["10.0.6.1:443"] = health.Unhealthy
-	mu.Unlock()
+	states.set("10.0.6.1:443", health.Unhealthy)
 	s.RecordTransition("web", health.Transition{ID: "10.0.6.1:443", Healthy: false, At: at})
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)

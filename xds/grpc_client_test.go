@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -52,10 +54,39 @@ func startGRPCBackends(t *testing.T, n int) []*grpcBackend {
 // startXDS serves f on loopback and returns the server and its address.
 func startXDS(t *testing.T, f *pools.File) (*Server, string) {
 	t.Helper()
+	return startXDSWithView(t, f, nil)
+}
+
+// startXDSWithView is startXDS with a health view.
+func startXDSWithView(t *testing.T, f *pools.File, view HealthView) (*Server, string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	s := NewServer(ctx, f, nil, zaptest.NewLogger(t))
+	s := NewServer(ctx, f, view, zaptest.NewLogger(t))
 	return s, grpctest.Serve(t, s.Register)
+}
+
+// stateView is a health view a test sets verdict by verdict, by backend identity (Unknown
+// until set).
+type stateView struct {
+	mu     sync.Mutex
+	states map[string]health.State
+}
+
+func newStateView(initial map[string]health.State) *stateView {
+	return &stateView{states: initial}
+}
+
+func (v *stateView) view(_ string, b *pools.Backend) health.State {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.states[b.Identity()]
+}
+
+func (v *stateView) set(id string, st health.State) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.states[id] = st
 }
 
 // listen is a loopback listener, closed when the test ends.

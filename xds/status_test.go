@@ -7,12 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/policies/health"
@@ -58,28 +54,12 @@ func getStatus(t *testing.T, base string) status.Snapshot {
 func TestFleetStatusJSON(t *testing.T) {
 	bs := startGRPCBackends(t, 3)
 	f := statusPools(t, bs)
-	var mu sync.Mutex
-	states := map[string]health.State{bs[0].addr: health.Healthy, bs[2].addr: health.Healthy}
-	view := func(_ string, b *pools.Backend) health.State {
-		mu.Lock()
-		defer mu.Unlock()
-		return states[b.Identity()]
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s := NewServer(ctx, f, view, zaptest.NewLogger(t))
-	g := grpc.NewServer()
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	addr := ln.Addr().String()
+	states := newStateView(map[string]health.State{bs[0].addr: health.Healthy, bs[2].addr: health.Healthy})
+	s, addr := startXDSWithView(t, f, states.view)
 
 	// bs[1] goes down: the checker's transition carries its time and reason.
 	down := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
-	mu.Lock()
-	states[bs[1].addr] = health.Unhealthy
-	mu.Unlock()
+	states.set(bs[1].addr, health.Unhealthy)
 	s.RecordTransition("api", health.Transition{ID: bs[1].addr, Address: bs[1].addr, To: health.Unhealthy,
 		From: health.Healthy, At: down, Reason: "tcp: connection refused"})
 	if err := s.Refresh(); err != nil {
@@ -87,7 +67,7 @@ func TestFleetStatusJSON(t *testing.T) {
 	}
 
 	cc := dialXDS(t, addr, "grpc-node-1", "zone-a", "api")
-	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+	callCtx, callCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer callCancel()
 	if _, err := call(callCtx, cc, "k1"); err != nil {
 		t.Fatalf("grpc node's call: %v", err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -42,7 +43,27 @@ type Config struct {
 	// Zone is the node's zone (`--zone`): with cross_zone off, new flows go to this zone's
 	// backends while it has any. Empty: every zone.
 	Zone string
+	// NAT is where NAT flows leave from (`--nat-source`, `--nat-ports`).
+	NAT NAT
 }
+
+// NAT configures the translation of flows to backends reached by NAT: each such flow
+// leaves the LB from one of Sources and a port of [PortLow, PortHigh], allocated per
+// (source address, backend, protocol).
+type NAT struct {
+	// Sources are the LB's addresses NAT flows leave from, IPv4 and/or IPv6 (a NAT backend
+	// needs one of its family). None: no backend may be reached by NAT.
+	Sources []netip.Addr
+	// PortLow and PortHigh bound the source ports, inclusive (both 0: DefaultNATPortLow to
+	// DefaultNATPortHigh, above Linux's default ephemeral range).
+	PortLow, PortHigh uint16
+}
+
+// Default NAT source ports: above Linux's default ip_local_port_range (32768-60999).
+const (
+	DefaultNATPortLow  = 61000
+	DefaultNATPortHigh = 65535
+)
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config
 // (written from its flags) and the per-CPU insert budgets.

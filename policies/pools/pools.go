@@ -167,7 +167,10 @@ type Service struct {
 	HealthCheck  *HealthCheck // nil: no active health checking
 	CrossZone    bool
 	DrainedZones []string
-	Backends     []*Backend
+	// Forwarding is how the XDP tier reaches the service's backends (vip services):
+	// ForwardingAuto (the default), ForwardingDR or ForwardingNAT; a backend may override it.
+	Forwarding Forwarding
+	Backends   []*Backend
 	// Line is where the service's mapping starts in the file.
 	Line int
 }
@@ -278,6 +281,8 @@ type Backend struct {
 	ServerID uint16 // 0: none
 	MAC      string // as written; VIP services only
 	Drain    bool
+	// Forwarding overrides the service's forwarding for this backend ("" keeps it).
+	Forwarding Forwarding
 	// Line is where the backend's mapping starts in the file.
 	Line int
 }
@@ -305,6 +310,38 @@ func (b *Backend) HardwareAddr() net.HardwareAddr {
 	}
 	hw, _ := net.ParseMAC(b.MAC)
 	return hw
+}
+
+// Forwarding is how the XDP tier sends a VIP's packets to a backend.
+type Forwarding string
+
+// Forwarding modes.
+const (
+	// ForwardingAuto: direct routing when the backend is on a subnet of the LB's interface
+	// and listens on the VIP's port, NAT otherwise (decided by the loader, which knows the
+	// interface's subnets).
+	ForwardingAuto Forwarding = "auto"
+	// ForwardingDR: direct routing; the backend holds the VIP and listens on its port.
+	ForwardingDR Forwarding = "dr"
+	// ForwardingNAT: destination and source rewritten; replies return through the LB.
+	ForwardingNAT Forwarding = "nat"
+)
+
+// ForwardingOf is backend b's forwarding: its own, else the service's, else auto; auto
+// becomes NAT when b's port differs from the VIP's (direct routing keeps the port), and is
+// left to the loader otherwise.
+func (s *Service) ForwardingOf(b *Backend) Forwarding {
+	f := b.Forwarding
+	if f == "" {
+		f = s.Forwarding
+	}
+	if f == "" {
+		f = ForwardingAuto
+	}
+	if vip, ok := s.VIPAddrPort(); ok && f == ForwardingAuto && b.AddrPort().Port() != vip.Port() {
+		return ForwardingNAT
+	}
+	return f
 }
 
 // VIPAddrPort is the parsed VIP; ok is false when the service has none.

@@ -124,6 +124,10 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		fw.Close()
 		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
 	}
+	if err := l.enableForwarding(); err != nil {
+		fw.Close()
+		return nil, err
+	}
 	if err := l.restore(); err != nil {
 		fw.Close()
 		return nil, err

@@ -265,6 +265,30 @@ func (f *Tables) SweepNAT() (int, error) {
 	return left, nil
 }
 
+// enableForwarding turns on forwarding on the LB's interface for the families NAT sources
+// are given for: the kernel's FIB lookup from XDP (the next hop of a NAT packet) answers only
+// for an interface that forwards (BPF_FIB_LKUP_RET_FWD_DISABLED otherwise).
+func (l *Loader) enableForwarding() error {
+	for _, fam := range []struct {
+		v4   bool
+		path string
+	}{{true, "/proc/sys/net/ipv4/conf/%s/forwarding"}, {false, "/proc/sys/net/ipv6/conf/%s/forwarding"}} {
+		if !l.cfg.NAT.has(fam.v4) {
+			continue
+		}
+		path := fmt.Sprintf(fam.path, l.cfg.Iface)
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "1" {
+			continue
+		}
+		if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("turning on forwarding on %s (the FIB lookups of NAT need it): %w", l.cfg.Iface, err)
+		}
+		l.log.Info("turned on forwarding on the interface: NAT's next hops come from the kernel's FIB, which answers only for a forwarding interface",
+			zap.String("sysctl", path))
+	}
+	return nil
+}
+
 // reservePorts adds the NAT port range to the host's ip_local_reserved_ports when a NAT
 // source is an address of this host (of this network namespace): the host's own sockets
 // then never take a port the program hands to NAT flows. What it added is recorded in the

@@ -7,6 +7,11 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/google/gopacket/layers"
+
+	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // NAT fixtures through BPF_PROG_RUN: the real program, run as if the frame came in on an
@@ -239,7 +244,15 @@ func TestNATFixtureICMPErrorFromClient(t *testing.T) {
 		icmpErr(t, lbMAC, clientMAC, clientRouter, natVIP4, 3, 4, mtu, fl.toClient("PA", data).l3(t)),
 		xdpTX,
 		icmpErr(t, routerMAC, lbMAC, natLB4, fl.s.addr.Addr(), 3, 4, mtu, fl.fromBackend("PA", data).l3(t)))
-	wantCounts(t, r.f, map[string]uint64{"icmp_error": 1})
+	// IPv6: packet too big, quoting the IP header and 8 bytes of the reply.
+	fl6 := natFlow(natTCP6, 33000, netip.AddrPortFrom(natLB6, natPort))
+	r.expect("syn6", r.lb0, fl6.fromClient("S", nil).frame(t), xdpTX, fl6.toBackend("S", nil).frame(t))
+	clientRouter6 := netip.MustParseAddr("fd00::fd")
+	r.expect("packet too big from the client's side", r.lb0,
+		icmpErr(t, lbMAC, clientMAC, clientRouter6, natVIP6, 2, 0, mtu, truncQuote(fl6.toClient("PA", data).l3(t))),
+		xdpTX,
+		icmpErr(t, routerMAC, lbMAC, natLB6, fl6.s.addr.Addr(), 2, 0, mtu, truncQuote(fl6.fromBackend("PA", data).l3(t))))
+	wantCounts(t, r.f, map[string]uint64{"icmp_error": 2, "nat_forward": 4})
 }
 
 // Port exhaustion: ports are allocated per (NAT source, backend, protocol). With a range of
@@ -348,4 +361,96 @@ func TestNATFixtureSourcesSpread(t *testing.T) {
 		t.Fatalf("IPv6 flow: action %d, source %s:%d", ret, src, port)
 	}
 	wantCounts(t, r.f, map[string]uint64{"nat_forward": 17, "nat_reply": 16, "nat_no_port": 0})
+}
+
+// A retransmitted SYN follows its flow (same port); a RST from the client frees the flow's
+// port at once, for the next flow to the backend.
+func TestNATFixtureRSTFreesPort(t *testing.T) {
+	r := newNATRig(t, Options{})
+	r.install(singlePort)
+	a := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
+	r.expect("syn", r.lb0, a.fromClient("S", nil).frame(t), xdpTX, a.toBackend("S", nil).frame(t))
+	r.expect("retransmitted syn", r.lb0, a.fromClient("S", nil).frame(t), xdpTX, a.toBackend("S", nil).frame(t))
+	b := natFlow(natTCP4, 33001, netip.AddrPortFrom(natLB4, natPort))
+	if ret, _ := r.run(r.lb0, b.fromClient("S", nil).frame(t)); ret != xdpDrop {
+		t.Fatalf("second flow while the only port is held: action %d, want drop", ret)
+	}
+	r.expect("rst", r.lb0, a.fromClient("RA", nil).frame(t), xdpTX, a.toBackend("RA", nil).frame(t))
+	r.expect("next flow", r.lb0, b.fromClient("S", nil).frame(t), xdpTX, b.toBackend("S", nil).frame(t))
+	r.expect("its reply", r.lb0, b.fromBackend("SA", nil).frame(t), xdpTX, b.toClient("SA", nil).frame(t))
+	wantCounts(t, r.f, map[string]uint64{"conn_hit": 2, "conn_miss": 3, "nat_no_port": 1, "tcp_rst": 1, "nat_forward": 4, "nat_reply": 1})
+}
+
+// A port whose flow has been idle past the VIP's idle timeout is taken over by a new flow;
+// the old flow's next packet is then no longer its own: dropped (no port left), never sent
+// from the port the new flow holds.
+func TestNATFixtureIdlePortReclaimed(t *testing.T) {
+	r := newNATRig(t, Options{})
+	r.install(singlePort)
+	const idle = time.Second
+	table := []uint32{natTCP4b.slot, natTCP4b.slot, natTCP4b.slot}
+	if err := r.f.SetVIP(VIP{ID: natTCP4b.vipID, Addr: natTCP4b.vip, Proto: 6, IdleTimeout: idle, Table: table}); err != nil {
+		t.Fatal(err)
+	}
+	a := natFlow(natTCP4b, 33000, netip.AddrPortFrom(natLB4, natPort))
+	r.expect("syn", r.lb0, a.fromClient("S", nil).frame(t), xdpTX, a.toBackend("S", nil).frame(t))
+	b := natFlow(natTCP4b, 33001, netip.AddrPortFrom(natLB4, natPort))
+	// Until a's entry has been idle past the timeout, b finds no port; the program's clock
+	// is coarse (a few ms): 2 s of slack over the timeout.
+	var ret uint32
+	var out []byte
+	testwait.Until(t, idle+2*time.Second, 100*time.Millisecond, "the idle flow's port taken over", func() (bool, string) {
+		ret, out = r.run(r.lb0, b.fromClient("S", nil).frame(t))
+		return ret != xdpDrop, fmt.Sprintf("action %d", ret)
+	})
+	if ret != xdpTX {
+		t.Fatalf("new flow after the timeout: action %d", ret)
+	}
+	if d := byteDiff(out, b.toBackend("S", nil).frame(t)); d != "" {
+		t.Fatalf("new flow after the timeout:\n%s", d)
+	}
+	r.expect("the new flow's reply", r.lb0, b.fromBackend("SA", nil).frame(t), xdpTX, b.toClient("SA", nil).frame(t))
+	if ret, out := r.run(r.lb0, a.fromClient("A", []byte("late")).frame(t)); ret != xdpDrop {
+		t.Fatalf("the idle flow's late packet: action %d, output %x; want drop (its port is the new flow's)", ret, out)
+	}
+	r.expect("the new flow's data", r.lb0, b.fromClient("A", []byte("x")).frame(t), xdpTX, b.toBackend("A", []byte("x")).frame(t))
+}
+
+// Translations whose TCP/UDP checksum needs care: IPv4 options (the ports are past them),
+// and a UDP checksum that comes out 0, which must leave as 0xffff (0 means none).
+func TestNATFixtureChecksumEdges(t *testing.T) {
+	r := newNATRig(t, Options{})
+	r.install(singlePort)
+	fl := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
+	opts := []layers.IPv4Option{{OptionType: 7, OptionLength: 7, OptionData: []byte{4, 0, 0, 0, 0}}, {OptionType: 0, OptionLength: 1}} // record route + end
+	in, want := fl.fromClient("S", nil), fl.toBackend("S", nil)
+	in.opts, want.opts = opts, opts
+	r.expect("syn with IP options", r.lb0, in.frame(t), xdpTX, want.frame(t))
+	in, want = fl.fromBackend("SA", nil), fl.toClient("SA", nil)
+	in.opts, want.opts = opts, opts
+	r.expect("reply with IP options", r.lb0, in.frame(t), xdpTX, want.frame(t))
+
+	// A 2-byte payload for which the translated datagram's checksum computes to 0.
+	for _, c := range []struct {
+		name string
+		s    natfxSlot
+		nat  netip.AddrPort
+	}{{"udp4", natUDP4, netip.AddrPortFrom(natLB4, natPort)}, {"udp6", natUDP6, netip.AddrPortFrom(natLB6, natPort)}} {
+		u := natFlow(c.s, 5300, c.nat)
+		csumAt := 14 + 20 + 6 // frames are padded to 60 bytes: count from the front
+		if c.s.vip.Addr().Is6() {
+			csumAt = 14 + 40 + 6
+		}
+		var payload []byte
+		for x := 0; x < 1<<16 && payload == nil; x++ {
+			p := []byte{byte(x >> 8), byte(x)}
+			if f := u.toBackend("", p).frame(t); f[csumAt] == 0xff && f[csumAt+1] == 0xff {
+				payload = p
+			}
+		}
+		if payload == nil {
+			t.Fatalf("%s: no payload gives a checksum of 0", c.name)
+		}
+		r.expect(c.name+" datagram whose checksum computes to 0", r.lb0, u.fromClient("", payload).frame(t), xdpTX, u.toBackend("", payload).frame(t))
+	}
 }

@@ -50,12 +50,14 @@ type natfxRig struct {
 	t   *testing.T
 	kit *netnstest.Kit
 	f   *Tables
+	o   Options // the connection table's, rewritten into the config with the NAT's
 	// ifindex of lb0 and lb1 in the namespace.
 	lb0, lb1 uint32
 }
 
 // newNATRig builds the namespace (torn down by the kit when the test ends, failed or not)
-// and loads a forwarder with connection-table options o.
+// and loads a forwarder with connection-table options o (a table of 4096 entries unless o
+// says).
 func newNATRig(t *testing.T, o Options) *natfxRig {
 	kit := netnstest.New(t, "slnf")
 	kit.AddNS("lb")
@@ -99,12 +101,15 @@ func newNATRig(t *testing.T, o Options) *natfxRig {
 		}
 		return nil
 	})
+	if o.ConnTableSize == 0 {
+		o.ConnTableSize = 4096 // a fixture's few flows; the default's 1M entries take a second to allocate
+	}
 	f, err := loadTables(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	r.f = f
+	r.f, r.o = f, o
 	return r
 }
 
@@ -140,6 +145,8 @@ type natfxPkt struct {
 	payload        []byte
 	// udpCsum0 sends UDP over IPv4 with no checksum (0).
 	udpCsum0 bool
+	// opts are IPv4 options.
+	opts []layers.IPv4Option
 }
 
 // l3 is the packet from its IP header on (what an ICMP error quotes).
@@ -156,7 +163,7 @@ func (p natfxPkt) frame(t testing.TB) []byte {
 	et := layers.EthernetTypeIPv4
 	if p.src.Is4() {
 		v4 := &layers.IPv4{Version: 4, TTL: 64, Id: 0x1234, Flags: layers.IPv4DontFragment, Protocol: layers.IPProtocol(p.proto),
-			SrcIP: p.src.AsSlice(), DstIP: p.dst.AsSlice()}
+			SrcIP: p.src.AsSlice(), DstIP: p.dst.AsSlice(), Options: p.opts}
 		ip, ipl = v4, v4
 	} else {
 		et = layers.EthernetTypeIPv6
@@ -186,11 +193,20 @@ func (p natfxPkt) frame(t testing.TB) []byte {
 		t.Fatalf("protocol %d", p.proto)
 	}
 	b := serialize(t, eth(p.dstMAC, p.srcMAC, et), ipl, l4, gopacket.Payload(p.payload))
-	if p.udpCsum0 {
-		if !p.src.Is4() || p.proto != 17 {
-			t.Fatal("a UDP checksum of 0 is IPv4's only")
+	if p.proto == 17 {
+		c := 14 + 40 + 6
+		if p.src.Is4() {
+			c = 14 + int(b[14]&0x0f)*4 + 6
 		}
-		b[14+20+6], b[14+20+7] = 0, 0
+		switch {
+		case p.udpCsum0:
+			if !p.src.Is4() {
+				t.Fatal("a UDP checksum of 0 is IPv4's only")
+			}
+			b[c], b[c+1] = 0, 0
+		case b[c] == 0 && b[c+1] == 0: // computed 0 is sent as all ones (RFC 768); gopacket leaves it 0
+			b[c], b[c+1] = 0xff, 0xff
+		}
 	}
 	return b
 }
@@ -272,6 +288,9 @@ func (r *natfxRig) install(cfg NAT) {
 	r.setNAT(cfg)
 	for _, s := range natfxAll {
 		r.natBackend(s.slot, s.addr)
+		if err := r.f.SetWeight(s.slot, 1); err != nil { // as the loader does: a SYN of weight 0 re-picks
+			r.t.Fatal(err)
+		}
 		table := make([]uint32, 7)
 		for i := range table {
 			table[i] = s.slot
@@ -282,13 +301,25 @@ func (r *natfxRig) install(cfg NAT) {
 	}
 }
 
-// setNAT and natBackend are the fixtures' only use of the NAT API of Tables.
+// setNAT writes the NAT sources and port range into the program's config (the insert cap
+// from the rig's options, as the loader writes both).
 func (r *natfxRig) setNAT(cfg NAT) {
-	r.t.Skip("the NAT datapath (branch nat-dp) is not merged yet")
+	r.t.Helper()
+	if err := cfg.Validate(); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.f.configure(r.o, cfg); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
+// natBackend installs slot as a NAT backend at addr. Its MAC is one a DR forward would
+// use, so a NAT backend sent by DR shows in the diff as that MAC.
 func (r *natfxRig) natBackend(slot uint32, addr netip.AddrPort) {
-	r.t.Skip("the NAT datapath (branch nat-dp) is not merged yet")
+	r.t.Helper()
+	if err := r.f.SetBackend(slot, Backend{MAC: backMACs[0], Alive: true, NAT: true, Addr: addr}); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
 // natfxFlow is one NAT flow as the fixtures expect it: the client, the backend's slot, the

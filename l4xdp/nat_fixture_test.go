@@ -454,3 +454,25 @@ func TestNATFixtureChecksumEdges(t *testing.T) {
 		r.expect(c.name+" datagram whose checksum computes to 0", r.lb0, u.fromClient("", payload).frame(t), xdpTX, u.toBackend("", payload).frame(t))
 	}
 }
+
+// More concurrent flows to one backend than a new flow may probe ports (32): each finds a
+// port, since probing starts at a hashed point of the range, not at its low end.
+func TestNATFixtureManyFlowsOneBackend(t *testing.T) {
+	r := newNATRig(t, Options{})
+	const lo, hi, flows = 61000, 61255, 48 // 256 ports: a run of 32 taken ones is far off
+	r.install(NAT{Sources: []netip.Addr{natLB4}, PortLow: lo, PortHigh: hi})
+	ports := map[uint16]bool{}
+	for cport := uint16(35000); cport < 35000+flows; cport++ {
+		fl := natFlow(natTCP4, cport, netip.AddrPort{})
+		ret, out := r.run(r.lb0, fl.fromClient("S", nil).frame(t))
+		if ret != xdpTX {
+			t.Fatalf("flow %d of %d: action %d (ports so far %d)", cport-35000+1, flows, ret, len(ports))
+		}
+		src, port := l4Source(t, out)
+		if src != natLB4 || port < lo || port > hi || ports[port] {
+			t.Fatalf("flow from %d: source %s:%d (taken before: %v)", cport, src, port, ports[port])
+		}
+		ports[port] = true
+	}
+	wantCounts(t, r.f, map[string]uint64{"nat_forward": flows, "nat_no_port": 0})
+}

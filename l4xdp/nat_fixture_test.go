@@ -476,3 +476,27 @@ func TestNATFixtureManyFlowsOneBackend(t *testing.T) {
 	}
 	wantCounts(t, r.f, map[string]uint64{"nat_forward": flows, "nat_no_port": 0})
 }
+
+// A NAT flow whose connection entry is evicted (the table is an LRU: a flood of new flows
+// evicts entries, with no callback) keeps its translation while its reply entry lives: its
+// next packet must leave from the same port, or the backend sees a segment of no connection
+// of its own and resets the client's.
+func TestNATFixtureFlowOutlivesConnEviction(t *testing.T) {
+	r := newNATRig(t, Options{})
+	r.install(NAT{Sources: []netip.Addr{natLB4}, PortLow: 61000, PortHigh: 61255})
+	fl := natFlow(natTCP4, 33000, netip.AddrPort{})
+	ret, out := r.run(r.lb0, fl.fromClient("S", nil).frame(t))
+	if ret != xdpTX {
+		t.Fatalf("syn: action %d", ret)
+	}
+	fl.nat = netip.AddrPortFrom(l4Source(t, out))
+	var k lbFlow
+	k.Src, k.Dst, k.Proto = natClient4.As16(), natVIP4.As16(), 6
+	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Sport))[:], fl.client.Port())
+	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Dport))[:], fl.s.vip.Port())
+	if err := r.f.objs.Conns.Delete(&k); err != nil {
+		t.Fatalf("evicting the flow's connection entry: %v", err)
+	}
+	r.expect("reply after the eviction", r.lb0, fl.fromBackend("SA", nil).frame(t), xdpTX, fl.toClient("SA", nil).frame(t))
+	r.expect("next packet after the eviction", r.lb0, fl.fromClient("A", []byte("x")).frame(t), xdpTX, fl.toBackend("A", []byte("x")).frame(t))
+}

@@ -66,19 +66,19 @@ func newNATRig(t *testing.T, o Options) *natfxRig {
 		"link add lb0 address " + lbMAC.String() + " type veth peer name lb0p",
 		"link add lb1 address " + lbMACb.String() + " type veth peer name lb1p",
 		"link set lb0 up", "link set lb0p up", "link set lb1 up", "link set lb1p up",
-		"address add 10.0.0.1/24 dev lb0",
-		"address add 10.0.0.2/24 dev lb0",
-		"address add fd00::1/64 dev lb0 nodad",
+		"address add " + natLB4.String() + "/24 dev lb0",
+		"address add " + natLB4b.String() + "/24 dev lb0",
+		"address add " + natLB6.String() + "/64 dev lb0 nodad",
 		"address add 10.2.0.1/24 dev lb1",
-		"route add 10.1.0.0/24 via 10.0.0.254 dev lb0",
-		"route add fd01::/64 via fd00::fe dev lb0",
-		"route add 10.3.0.0/24 via 10.2.0.254 dev lb1",
+		"route add 10.1.0.0/24 via " + natRouter4.String() + " dev lb0",
+		"route add fd01::/64 via " + natRouter6.String() + " dev lb0",
+		"route add 10.3.0.0/24 via " + natRouter4b.String() + " dev lb1",
 		"route add 10.4.0.0/24 via 10.0.0.253 dev lb0", // 10.0.0.253: no neighbour entry
-		"neigh replace 10.0.0.254 lladdr " + routerMAC.String() + " nud permanent dev lb0",
-		"neigh replace fd00::fe lladdr " + routerMAC.String() + " nud permanent dev lb0",
-		"neigh replace 10.2.0.254 lladdr " + routerMACb.String() + " nud permanent dev lb1",
-		"neigh replace 10.0.0.10 lladdr " + clientMAC.String() + " nud permanent dev lb0",
-		"neigh replace fd00::10 lladdr " + clientMAC.String() + " nud permanent dev lb0",
+		"neigh replace " + natRouter4.String() + " lladdr " + routerMAC.String() + " nud permanent dev lb0",
+		"neigh replace " + natRouter6.String() + " lladdr " + routerMAC.String() + " nud permanent dev lb0",
+		"neigh replace " + natRouter4b.String() + " lladdr " + routerMACb.String() + " nud permanent dev lb1",
+		"neigh replace " + natClient4.String() + " lladdr " + clientMAC.String() + " nud permanent dev lb0",
+		"neigh replace " + natClient6.String() + " lladdr " + clientMAC.String() + " nud permanent dev lb0",
 	}
 	file := filepath.Join(t.TempDir(), "net.batch")
 	if err := os.WriteFile(file, []byte(strings.Join(batch, "\n")+"\n"), 0o600); err != nil {
@@ -236,7 +236,7 @@ func truncQuote(l3 []byte) []byte {
 	return l3[:40+8]
 }
 
-// l4Ports reads the source address and port of a frame's IPv4 or IPv6 TCP/UDP packet (the
+// l4Source reads the source address and port of a frame's IPv4 or IPv6 TCP/UDP packet (the
 // NAT source and port the program chose, for fixtures whose range has several).
 func l4Source(t testing.TB, frame []byte) (netip.Addr, uint16) {
 	t.Helper()

@@ -133,6 +133,14 @@ func TestNATFixtureReplyNoNeighbour(t *testing.T) {
 	fl.cmac = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xcd}
 	r.expect("syn", r.lb0, fl.fromClient("S", nil).frame(t), xdpTX, fl.toBackend("S", nil).frame(t))
 	r.expect("syn-ack", r.lb0, fl.fromBackend("SA", nil).frame(t), xdpTX, fl.toClient("SA", nil).frame(t))
+	// The same when the reply comes in on another interface (the backend is behind lb1): it
+	// is redirected to the one the flow came in on.
+	fl1 := natFlow(natTCPLB1, 33000, netip.AddrPortFrom(natLB4, natPort))
+	fl1.client, fl1.cmac = fl.client, fl.cmac
+	fl1.bmac, fl1.rmac = lbMACb, routerMACb
+	r.expect("syn via lb1", r.lb0, fl1.fromClient("S", nil).frame(t), xdpRedirectAction, fl1.toBackend("S", nil).frame(t))
+	r.expect("syn-ack in on lb1", r.lb1, fl1.fromBackend("SA", nil).frame(t), xdpRedirectAction, fl1.toClient("SA", nil).frame(t))
+	wantCounts(t, r.f, map[string]uint64{"nat_reply": 2, "nat_no_route": 0})
 }
 
 // A NAT backend whose next hop has no neighbour entry: dropped and counted, never sent with
@@ -187,6 +195,7 @@ func TestNATFixtureICMPErrorFromBackend(t *testing.T) {
 	tcp := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
 	udp := natFlow(natUDP4, 5300, netip.AddrPortFrom(natLB4, natPort))
 	tcp6 := natFlow(natTCP6, 33001, netip.AddrPortFrom(natLB6, natPort))
+	zero := natFlow(natUDP4Zero, 5301, netip.AddrPortFrom(natLB4, natPort))
 	data := []byte("a datagram too big")
 	for _, fl := range []natfxFlow{tcp, udp, tcp6} {
 		flags := "S"
@@ -219,14 +228,22 @@ func TestNATFixtureICMPErrorFromBackend(t *testing.T) {
 		icmpErr(t, lbMAC, routerMAC, natRemote6, natLB6, 2, 0, mtu, tcp6.toBackend("S", data).l3(t)),
 		xdpTX,
 		icmpErr(t, clientMAC, lbMAC, natVIP6, natClient6, 2, 0, mtu, tcp6.fromClient("S", data).l3(t)))
-	wantCounts(t, r.f, map[string]uint64{"icmp_error": 4, "nat_forward": 3})
+	// Port unreachable quoting a datagram with no UDP checksum: the quoted 0 stays 0.
+	zin, zout := zero.fromClient("", data), zero.toBackend("", data)
+	zin.udpCsum0, zout.udpCsum0 = true, true
+	r.expect("flow with no udp checksum", r.lb0, zin.frame(t), xdpTX, zout.frame(t))
+	r.expect("udp port unreachable, no udp checksum", r.lb0,
+		icmpErr(t, lbMAC, routerMAC, zero.s.addr.Addr(), natLB4, 3, 3, none, zout.l3(t)),
+		xdpTX,
+		icmpErr(t, clientMAC, lbMAC, natVIP4, natClient4, 3, 3, none, zin.l3(t)))
+	wantCounts(t, r.f, map[string]uint64{"icmp_error": 5, "nat_forward": 4})
 
 	// An error about no NAT flow (another port of the NAT source) is the host's.
 	other := tcp.toBackend("S", data)
 	other.sport = natPort + 1
 	in := icmpErr(t, lbMAC, routerMAC, natRemote4, natLB4, 3, 4, mtu, truncQuote(other.l3(t)))
 	r.expect("error about no NAT flow", r.lb0, in, xdpPass, in)
-	wantCounts(t, r.f, map[string]uint64{"icmp_error": 4})
+	wantCounts(t, r.f, map[string]uint64{"icmp_error": 5})
 }
 
 // An ICMP error from the client's side about a NAT flow (quoting the reply the LB sent, VIP

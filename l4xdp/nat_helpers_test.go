@@ -152,8 +152,12 @@ type natfxPkt struct {
 // l3 is the packet from its IP header on (what an ICMP error quotes).
 func (p natfxPkt) l3(t testing.TB) []byte {
 	t.Helper()
-	b := p.frame(t)
-	return b[14:]
+	b := p.frame(t)[14:]
+	n := 40 + int(binary.BigEndian.Uint16(b[4:6])) // IPv6: header + payload length
+	if p.src.Is4() {
+		n = int(binary.BigEndian.Uint16(b[2:4]))
+	}
+	return b[:n] // without the Ethernet padding of a short frame
 }
 
 func (p natfxPkt) frame(t testing.TB) []byte {

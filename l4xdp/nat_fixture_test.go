@@ -163,7 +163,7 @@ func TestNATFixtureFragment(t *testing.T) {
 	r.install(singlePort)
 	fl := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
 	in := fl.fromClient("A", []byte("fragment")).frame(t)
-	in[14+6] |= 0x20 // more fragments
+	in[14+6] = 0x20 // more fragments (and no DF)
 	binary.BigEndian.PutUint16(in[14+10:], 0)
 	binary.BigEndian.PutUint16(in[14+10:], ipv4Checksum(in[14:34]))
 	ret, _ := r.run(r.lb0, in)

@@ -1,20 +1,15 @@
 package xds
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -51,33 +46,10 @@ func TestCaddyNodeView(t *testing.T) {
 	states := newStateView(map[string]health.State{"api-1": health.Healthy})
 	s, addr := startXDSWithView(t, f, states.view)
 
-	var vmu sync.Mutex
-	var last *fleetview.View
-	start := func(id, zone string) {
-		c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, Zone: zone, UserAgentName: fleetview.UserAgentCaddy}, zaptest.NewLogger(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: func(v *fleetview.View) error {
-			vmu.Lock()
-			defer vmu.Unlock()
-			last = v
-			return nil
-		}}
-		c.Subscribe(resource.ClusterType, a.Clusters)
-		c.Subscribe(resource.EndpointType, a.Endpoints)
-		cctx, ccancel := context.WithCancel(context.Background())
-		t.Cleanup(func() { ccancel(); c.Close() })
-		c.Start(cctx)
-	}
-	get := func() *fleetview.View {
-		vmu.Lock()
-		defer vmu.Unlock()
-		return last
-	}
-	start("h1/caddy", "z1")
-	eventually(t, 5*time.Second, "the Caddy node's first view", func() (bool, string) { return get() != nil, "none" })
-	v := get()
+	view := func(n *fleetNode) *fleetview.View { v, _, _ := n.last(); return v }
+	n1 := startCaddyNode(t, addr, "h1/caddy", "z1")
+	eventually(t, 5*time.Second, "the Caddy node's first view", func() (bool, string) { return view(n1) != nil, "none" })
+	v := view(n1)
 	if len(v.File.Services) != 2 || v.File.Services[0].Name != "api" || v.File.Services[1].Name != "rpc" {
 		t.Fatalf("Caddy view services: %+v, want api and rpc", v.File.Services)
 	}
@@ -97,7 +69,7 @@ func TestCaddyNodeView(t *testing.T) {
 	}
 
 	builds := s.Stats.Builds.Load()
-	start("h2/caddy", "z2")
+	n2 := startCaddyNode(t, addr, "h2/caddy", "z2")
 	eventually(t, 5*time.Second, "the second Caddy node registered", func() (bool, string) {
 		return len(s.Nodes()) == 2, fmt.Sprint(s.Nodes())
 	})
@@ -111,46 +83,12 @@ func TestCaddyNodeView(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the verdict reaches the Caddy node", func() (bool, string) {
-		vd := get().Verdicts[fleetview.Key("api", "api-1")]
-		return vd.State == health.Unhealthy && vd.Since.Equal(at), fmt.Sprint(vd)
-	})
-}
-
-// caddyNode is a Caddy node's subscription as the stickylb_xds source makes it, applying
-// into memory.
-type caddyNode struct {
-	mu      sync.Mutex
-	last    *fleetview.View
-	applied int
-}
-
-func (n *caddyNode) get() (*fleetview.View, int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.last, n.applied
-}
-
-func startCaddyNode(t *testing.T, addr, id string) *caddyNode {
-	t.Helper()
-	c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, UserAgentName: fleetview.UserAgentCaddy,
-		Backoff: adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
+	for _, n := range []*fleetNode{n1, n2} {
+		eventually(t, 5*time.Second, "the verdict reaches the Caddy nodes", func() (bool, string) {
+			vd := view(n).Verdicts[fleetview.Key("api", "api-1")]
+			return vd.State == health.Unhealthy && vd.Since.Equal(at), fmt.Sprint(vd)
+		})
 	}
-	n := &caddyNode{}
-	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: func(v *fleetview.View) error {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		n.last, n.applied = v, n.applied+1
-		return nil
-	}}
-	c.Subscribe(resource.ClusterType, a.Clusters)
-	c.Subscribe(resource.EndpointType, a.Endpoints)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); c.Close() })
-	c.Start(ctx)
-	return n
 }
 
 // TestCaddyNodeNACK: a Caddy view the node cannot take (a cluster of a protocol Caddy does
@@ -162,11 +100,11 @@ func TestCaddyNodeNACK(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, addr := startXDS(t, f)
-	n := startCaddyNode(t, addr, "h1/caddy")
+	n := startCaddyNode(t, addr, "h1/caddy", "")
 	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
 		return s.ackedVersion("h1/caddy") != "", "no ack"
 	})
-	before, applied := n.get()
+	before, applied, _ := n.last()
 	s.mutateXDP = func(clusters, _ []types.Resource) {
 		for _, c := range clusters {
 			c.(*clusterv3.Cluster).Metadata.FilterMetadata[fleetview.MetadataKey].Fields["protocol"] = structpb.NewStringValue("udp")
@@ -179,7 +117,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
 			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
 	})
-	if v, a := n.get(); v != before || a != applied {
+	if v, a, _ := n.last(); v != before || a != applied {
 		t.Fatalf("the node applied a view it should have refused (%d -> %d applied)", applied, a)
 	}
 	s.mutateXDP = nil
@@ -192,7 +130,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the next good version applied", func() (bool, string) {
-		v, _ := n.get()
+		v, _, _ := n.last()
 		return len(v.File.Services[1].Backends) == 2, fmt.Sprint(len(v.File.Services[1].Backends))
 	})
 	if got := s.Stats.NACKs.Load(); got != 1 {

@@ -37,16 +37,19 @@ const fleetPools = `services:
       - {address: 10.0.6.2:443, weight: 2}
 `
 
-// xdpNode is an XDP node's subscription as `stickylb xdp --xds` makes it, applying into
-// memory instead of a forwarder.
-type xdpNode struct {
+// fleetNode is a node's subscription as `stickylb xdp --xds` or the stickylb_xds source
+// makes it (its user agent and decoder say which), applying into memory instead of a
+// forwarder or a proxy.
+type fleetNode struct {
 	c       *adsclient.Client
 	mu      sync.Mutex
 	views   []*fleetview.View
 	rejects int
 }
 
-func (n *xdpNode) last() (*fleetview.View, int, int) {
+// last is the view the node applied last (nil before the first), how many it applied, and
+// how many it rejected.
+func (n *fleetNode) last() (*fleetview.View, int, int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(n.views) == 0 {
@@ -55,15 +58,30 @@ func (n *xdpNode) last() (*fleetview.View, int, int) {
 	return n.views[len(n.views)-1], len(n.views), n.rejects
 }
 
-func startXDPNode(t *testing.T, addr, id, userAgent string) *xdpNode {
+// startXDPNode subscribes an XDP node (or another agent decoding views as XDP does).
+func startXDPNode(t *testing.T, addr, id, userAgent string) *fleetNode {
 	t.Helper()
-	c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, UserAgentName: userAgent,
-		Backoff: adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, zaptest.NewLogger(t))
+	return startFleetNode(t, adsclient.Config{Server: addr, NodeID: id, UserAgentName: userAgent}, nil)
+}
+
+// startCaddyNode subscribes a Caddy node of zone (may be "").
+func startCaddyNode(t *testing.T, addr, id, zone string) *fleetNode {
+	t.Helper()
+	return startFleetNode(t, adsclient.Config{Server: addr, NodeID: id, Zone: zone, UserAgentName: fleetview.UserAgentCaddy},
+		fleetview.DecodeCaddy)
+}
+
+// startFleetNode subscribes a node as cfg says, with a short reconnect backoff, decoding
+// views with decode (nil: the XDP view).
+func startFleetNode(t *testing.T, cfg adsclient.Config, decode func(clusters, assignments map[string]proto.Message) (*fleetview.View, error)) *fleetNode {
+	t.Helper()
+	cfg.Backoff = adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}
+	c, err := adsclient.New(cfg, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &xdpNode{c: c}
-	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
+	n := &fleetNode{c: c}
+	a := &fleetview.Assembler{Decode: decode, Apply: func(v *fleetview.View) error {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		n.views = append(n.views, v)

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
@@ -30,9 +31,6 @@ import (
 // httptest backends.
 
 const (
-	e2eInterval  = time.Second // the pools file's health_check interval (its minimum)
-	e2eTimeout   = 500 * time.Millisecond
-	e2eUnhealthy = 2
 	// e2ePushSlack is what a verdict may take from the checker to Caddy's view: the
 	// transition callback, one snapshot build, one ADS push and its decode (milliseconds on
 	// an idle machine; 2 s covers two cores shared by a whole test run).
@@ -61,22 +59,6 @@ func startE2EBackend(t *testing.T, name string) *e2eBackend {
 	}))
 	t.Cleanup(b.srv.Close)
 	return b
-}
-
-// e2ePools is the pools file of service api over the given backend entries.
-func e2ePools(entries ...string) string {
-	var s strings.Builder
-	fmt.Fprintf(&s, `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:1
-    health_check: {protocol: http, path: /health, interval: %s, timeout: %s, healthy_threshold: 1, unhealthy_threshold: %d}
-    backends:
-`, e2eInterval, e2eTimeout, e2eUnhealthy)
-	for _, e := range entries {
-		fmt.Fprintf(&s, "      - {%s}\n", e)
-	}
-	return s.String()
 }
 
 // e2eControlPlane is `stickylb xds` in process: the server, its health monitor, gRPC.
@@ -240,7 +222,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	dead := dl.Addr().String() // nothing answers there
 	dl.Close()
 	entry := func(addr, extra string) string { return "address: " + addr + extra }
-	cp := startE2EControlPlane(t, e2ePools(entry(b0.addr(), ""), entry(b1.addr(), ""), entry(b2.addr(), ""), entry(dead, "")))
+	cp := startE2EControlPlane(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ""), entry(b2.addr(), ""), entry(dead, "")))
 
 	pl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -295,7 +277,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 		return fmt.Sprintf("%s drain=%v", b.Health, b.Drain)
 	}
 	// Startup: every verdict within the first probe spread and the checker's thresholds.
-	startup := 2*e2eInterval + e2eTimeout + e2ePushSlack
+	startup := 2*poolstest.Interval + poolstest.Timeout + e2ePushSlack
 	waitFor(t, startup, "the first verdicts at Caddy", func() (bool, string) {
 		ok := state(dead) == "unhealthy drain=false"
 		for _, b := range []*e2eBackend{b0, b1, b2} {
@@ -319,7 +301,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	})
 
 	// Drain b1: its pinned session stays, new sessions go elsewhere.
-	cp.edit(t, e2ePools(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, "")))
+	cp.edit(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, "")))
 	took := waitFor(t, 2*time.Second, "b1 draining at Caddy", func() (bool, string) {
 		return state(b1.addr()) == "healthy drain=true", state(b1.addr())
 	})
@@ -340,7 +322,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	// Kill b2: Caddy stops sending new sessions to it once the control plane's checker
 	// has seen unhealthy_threshold failures and pushed the verdict.
 	b2.srv.Close()
-	bound := e2eInterval*e2eUnhealthy + e2eTimeout + e2ePushSlack
+	bound := poolstest.Interval*poolstest.Unhealthy + poolstest.Timeout + e2ePushSlack
 	took = waitFor(t, bound, "b2 unhealthy at Caddy", func() (bool, string) {
 		return strings.HasPrefix(state(b2.addr()), "unhealthy"), state(b2.addr())
 	})
@@ -352,7 +334,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	// Add b3 by editing the pools file: within 2 s new sessions reach it.
 	b3 := startE2EBackend(t, "b3")
 	edited := time.Now()
-	cp.edit(t, e2ePools(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, ""), entry(b3.addr(), "")))
+	cp.edit(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, ""), entry(b3.addr(), "")))
 	sent := 0
 	took = waitFor(t, 2*time.Second, "a new session on added b3", func() (bool, string) {
 		if _, ok := backendIn(b3.addr()); !ok {

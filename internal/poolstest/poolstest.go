@@ -1,0 +1,45 @@
+// Package poolstest holds the pools files that the tests of several packages describe
+// alike: the Caddy module's, the end-to-end ones, and the control plane's. A fixture
+// written once keeps those tests agreeing on what the fleet is.
+package poolstest
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The health check of API's service api: the tests bound how long a verdict takes to reach
+// them with these.
+const (
+	Interval  = time.Second // the pools file's health_check interval (its minimum)
+	Timeout   = 500 * time.Millisecond
+	Unhealthy = 2
+)
+
+// API is the pools file of one HTTP service, api, health checked over HTTP at /health,
+// with the given backend entries: each the inside of a flow mapping, such as
+// "address: 127.0.0.1:8001, drain: true".
+func API(entries ...string) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, `services:
+  - name: api
+    protocol: http
+    listen: 127.0.0.1:1
+    health_check: {protocol: http, path: /health, interval: %s, timeout: %s, healthy_threshold: 1, unhealthy_threshold: %d}
+    backends:
+`, Interval, Timeout, Unhealthy)
+	for _, e := range entries {
+		fmt.Fprintf(&s, "      - {%s}\n", e)
+	}
+	return s.String()
+}
+
+// Addresses are API entries for backends at addrs, with nothing more.
+func Addresses(addrs ...string) []string {
+	out := make([]string, len(addrs))
+	for i, a := range addrs {
+		out[i] = "address: " + a
+	}
+	return out
+}

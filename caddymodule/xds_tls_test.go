@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
 )
@@ -77,7 +78,7 @@ func TestXDSSourceMTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := pools.Parse("pools.yaml", []byte(sourcePools))
+	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,6 +103,6 @@ func TestXDSSourceMTLS(t *testing.T) {
 	t.Cleanup(func() { x.Cleanup(); ccancel() })
 	waitFor(t, 10*time.Second, "the view over mTLS", func() (bool, string) {
 		ups, err := x.GetUpstreams(nil)
-		return err == nil && len(ups) == 2 && ups[0].Dial == "10.0.0.1:80", fmt.Sprint(ups, err)
+		return err == nil && len(ups) == 2 && ups[0].Dial == "10.0.7.1:80", fmt.Sprint(ups, err)
 	})
 }

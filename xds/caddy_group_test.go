@@ -11,35 +11,16 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
-
-const caddyGroupPools = `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:8080
-    cross_zone: false
-    backends:
-      - {address: 10.0.7.1:80, zone: z1, weight: 3, hash_key: api-1}
-      - {address: 10.0.7.2:80, zone: z2, drain: true}
-  - name: rpc
-    protocol: grpc
-    backends:
-      - {address: 10.0.8.1:50051}
-  - name: web
-    protocol: tcp
-    vip: 10.0.0.100:443
-    balance: maglev
-    backends:
-      - {address: 10.0.6.1:443}
-`
 
 // TestCaddyNodeView: a node with the Caddy user agent gets the http and grpc services (not
 // the vip one) with identity, weight, zone, drain, cross_zone and the verdicts; a
 // transition reaches it; Caddy nodes of different zones share one snapshot.
 func TestCaddyNodeView(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(caddyGroupPools))
+	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +76,7 @@ func TestCaddyNodeView(t *testing.T) {
 // not proxy) is NACKed; the server counts it once and rolls the node back to the snapshot
 // it acknowledged on CDS and EDS; the node keeps its view; the next good version applies.
 func TestCaddyNodeNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(caddyGroupPools))
+	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +102,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 		t.Fatalf("the node applied a view it should have refused (%d -> %d applied)", applied, a)
 	}
 	s.mutateXDP = nil
-	f2, err := pools.Parse("pools.yaml", []byte(strings.Replace(caddyGroupPools, "      - {address: 10.0.8.1:50051}\n",
+	f2, err := pools.Parse("pools.yaml", []byte(strings.Replace(poolstest.CaddyFleet, "      - {address: 10.0.8.1:50051}\n",
 		"      - {address: 10.0.8.1:50051}\n      - {address: 10.0.8.2:50051}\n", 1)))
 	if err != nil {
 		t.Fatal(err)

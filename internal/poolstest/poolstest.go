@@ -43,3 +43,27 @@ func Addresses(addrs ...string) []string {
 	}
 	return out
 }
+
+// CaddyFleet is a pools file of the services a Caddy node is sent and one it is spared:
+// api (HTTP, not cross-zone, health checked, with backend api-1 of weight 3 in zone z1 and
+// a draining one in z2), rpc (gRPC), and web (a TCP VIP: the XDP tier's, not Caddy's).
+const CaddyFleet = `services:
+  - name: api
+    protocol: http
+    listen: 0.0.0.0:8080
+    cross_zone: false
+    health_check: {protocol: http, path: /health}
+    backends:
+      - {address: 10.0.7.1:80, weight: 3, zone: z1, hash_key: api-1}
+      - {address: 10.0.7.2:80, zone: z2, drain: true}
+  - name: rpc
+    protocol: grpc
+    backends:
+      - {address: 10.0.8.1:50051}
+  - name: web
+    protocol: tcp
+    vip: 10.0.0.100:443
+    balance: maglev
+    backends:
+      - {address: 10.0.6.1:443}
+`

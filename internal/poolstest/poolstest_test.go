@@ -1,6 +1,7 @@
 package poolstest
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stickylb/stickylb/policies/pools"
@@ -24,5 +25,29 @@ func TestAPI(t *testing.T) {
 	if len(s.Backends) != 2 || s.Backends[0].Address != "127.0.0.1:8001" || s.Backends[0].Drain ||
 		s.Backends[1].Address != "127.0.0.1:8002" || !s.Backends[1].Drain {
 		t.Fatalf("backends %+v, want 127.0.0.1:8001 and 127.0.0.1:8002 draining", s.Backends)
+	}
+}
+
+// TestCaddyFleet: the fixture parses to what its comment promises, which the tests using it
+// rely on.
+func TestCaddyFleet(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(CaddyFleet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range f.Services {
+		names = append(names, s.Name+"/"+s.Protocol)
+	}
+	if got := strings.Join(names, " "); got != "api/http rpc/grpc web/tcp" {
+		t.Fatalf("services %s, want api/http rpc/grpc web/tcp", got)
+	}
+	api := f.Services[0]
+	if api.CrossZone || api.HealthCheck == nil || len(api.Backends) != 2 {
+		t.Fatalf("api: cross_zone %v, health check %+v, %d backends", api.CrossZone, api.HealthCheck, len(api.Backends))
+	}
+	b1, b2 := api.Backends[0], api.Backends[1]
+	if b1.Identity() != "api-1" || b1.Weight != 3 || b1.Zone != "z1" || b1.Drain || !b2.Drain || b2.Zone != "z2" {
+		t.Fatalf("api's backends: %+v, %+v", b1, b2)
 	}
 }

@@ -14,10 +14,9 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/stickylb/stickylb/internal/netnstest"
-	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/internal/xdptest"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
 )
@@ -57,21 +56,7 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	kit := netnstest.New(t, "slxp")
-	kit.AddNS("lb")
-	kit.Veth("lb", "v0", "lb", "v1")
-	cfg := l4xdp.Config{Iface: "v0", Mode: l4xdp.ModeGeneric, PinRoot: kit.BPFFS()}
-	var l *l4xdp.Loader
-	kit.MustDo("lb", func() (err error) {
-		l, err = l4xdp.Open(cfg, zaptest.NewLogger(t))
-		return err
-	})
-	defer func() {
-		l.Close()
-		if err := l4xdp.Detach(cfg); err != nil {
-			t.Error(err)
-		}
-	}()
+	l := xdptest.Loader(t, "slxp")
 	f, err := pools.Parse("pools.yaml", []byte(fmt.Sprintf(`services:
   - name: web
     protocol: tcp

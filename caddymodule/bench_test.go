@@ -119,9 +119,7 @@ func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.U
 // (through the policy's rewrite in prefix mode, learned in learn mode).
 func appCookieRequests(b *testing.B, a *AppCookie, pool reverseproxy.UpstreamPool) []benchReq {
 	return plainRequests(func(i int, r *http.Request) {
-		first := request("/")
-		hk := &responseHook{r: first}
-		caddyhttp.SetVar(first.Context(), hookVarKey, hk)
+		first, hk := hookedRequest("")
 		a.Select(pool, first, httptest.NewRecorder())
 		h := http.Header{"Set-Cookie": {fmt.Sprintf("%s=app-session-%04d; Path=/", a.Name, i)}}
 		hk.run(h)

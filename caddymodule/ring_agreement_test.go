@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
@@ -113,16 +112,7 @@ func loadCaddy(t *testing.T, port int, bs []*dualBackend) {
 	for _, b := range bs {
 		ups = append(ups, b.addr)
 	}
-	src := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	auto_https off
-	log {
-		output discard
-	}
-}
-http://127.0.0.1:%d {
-	reverse_proxy %s {
+	loadSite(t, port, fmt.Sprintf(`	reverse_proxy %s {
 		lb_policy sticky_header X-Session {
 			hash ring
 			virtual_nodes %d
@@ -131,16 +121,7 @@ http://127.0.0.1:%d {
 		health_uri /health
 		health_interval %s
 		health_timeout %s
-	}
-}
-`, port, strings.Join(ups, " "), agreeVNodes, agreeHealthIntv, agreeHealthTO)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting the Caddyfile: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
+	}`, strings.Join(ups, " "), agreeVNodes, agreeHealthIntv, agreeHealthTO))
 }
 
 func TestRingAgreementCaddyGRPC(t *testing.T) {

@@ -127,7 +127,9 @@ func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
 	}
 }
 
-func loadXDSCaddy(t *testing.T, port int, server string) {
+// loadSite (re)loads the in-process Caddy with one site on port whose body is site (a
+// reverse_proxy block): no admin endpoint, no persisted config, no HTTPS, no logs.
+func loadSite(t *testing.T, port int, site string) {
 	t.Helper()
 	src := fmt.Sprintf(`{
 	admin off
@@ -138,7 +140,23 @@ func loadXDSCaddy(t *testing.T, port int, server string) {
 	}
 }
 http://127.0.0.1:%d {
-	reverse_proxy {
+%s
+}
+`, port, site)
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting the Caddyfile: %v", err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading Caddy: %v", err)
+	}
+}
+
+// loadXDSCaddy loads a site proxying to service api of the control plane at server, with
+// sticky_cookie.
+func loadXDSCaddy(t *testing.T, port int, server string) {
+	t.Helper()
+	loadSite(t, port, fmt.Sprintf(`	reverse_proxy {
 		dynamic stickylb_xds {
 			server  %s
 			service api
@@ -147,16 +165,7 @@ http://127.0.0.1:%d {
 		lb_policy sticky_cookie {
 			secret {env.STICKYLB_XDS_TEST_SECRET}
 		}
-	}
-}
-`, port, server)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting the Caddyfile: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
+	}`, server))
 }
 
 // liveSub is the one subscription the test's Caddy holds, or nil.

@@ -16,26 +16,10 @@ import (
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
-
-const fleetPools = `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:8080
-    backends:
-      - {address: 10.0.7.1:80}
-  - name: web
-    protocol: tcp
-    vip: 10.0.0.100:443
-    affinity: {mode: source_ip}
-    balance: maglev
-    hash: {table_size: 251}
-    backends:
-      - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01"}
-      - {address: 10.0.6.2:443, weight: 2}
-`
 
 // fleetNode is a node's subscription as `stickylb xdp --xds` or the stickylb_xds source
 // makes it (its user agent and decoder say which), applying into memory instead of a
@@ -118,7 +102,7 @@ func startFleetNode(t *testing.T, cfg adsclient.Config, decode func(clusters, as
 // plane's verdicts (and when they changed), nothing else; an Envoy node on the same server
 // gets the Envoy resources, as before; a health transition reaches the XDP node.
 func TestXDPNodeView(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(fleetPools))
+	f, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +174,7 @@ func TestXDPNodeView(t *testing.T) {
 // types it subscribed to (CDS and EDS), and does not send the rejected version again; the
 // node keeps its last view; the next good version is applied.
 func TestXDPNodeNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(fleetPools))
+	f, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +208,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	}
 	t.Logf("pushes for the bad version and its rollback: %d", settled-pushes)
 	s.mutateXDP = nil
-	f2, err := pools.Parse("pools.yaml", []byte(fleetPools+"      - {address: 10.0.6.3:443}\n"))
+	f2, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet+"      - {address: 10.0.6.3:443}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

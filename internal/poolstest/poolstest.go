@@ -67,3 +67,26 @@ const CaddyFleet = `services:
     backends:
       - {address: 10.0.6.1:443}
 `
+
+// Fleet is a pools file of one service per kind of node the control plane serves: api
+// (HTTP, for Envoy and Caddy nodes: one backend in zone-a, a draining one in zone-b) and
+// web (a TCP VIP for XDP nodes, source-IP affinity over Maglev: 10.0.6.1:443 with its MAC
+// in zone-a, 10.0.6.2:443 of weight 2 in zone-b). Web comes last, so a test adds a backend
+// to it by appending an entry.
+const Fleet = `services:
+  - name: api
+    protocol: http
+    listen: 127.0.0.1:18080
+    backends:
+      - {address: 10.0.7.1:80, zone: zone-a}
+      - {address: 10.0.7.2:80, zone: zone-b, drain: true}
+  - name: web
+    protocol: tcp
+    vip: 10.0.0.100:443
+    affinity: {mode: source_ip}
+    balance: maglev
+    hash: {table_size: 251}
+    backends:
+      - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: zone-a}
+      - {address: 10.0.6.2:443, weight: 2, zone: zone-b}
+`

@@ -51,3 +51,23 @@ func TestCaddyFleet(t *testing.T) {
 		t.Fatalf("api's backends: %+v, %+v", b1, b2)
 	}
 }
+
+// TestFleet: the fixture parses to what its comment promises, and an entry appended lands
+// in web.
+func TestFleet(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(Fleet+"      - {address: 10.0.6.3:443}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Services) != 2 || f.Services[0].Name != "api" || f.Services[1].Name != "web" {
+		t.Fatalf("services %+v, want api and web", f.Services)
+	}
+	api, web := f.Services[0], f.Services[1]
+	if len(api.Backends) != 2 || api.Backends[0].Zone != "zone-a" || !api.Backends[1].Drain || api.Backends[1].Zone != "zone-b" {
+		t.Fatalf("api's backends: %+v", api.Backends)
+	}
+	if web.Protocol != pools.ProtocolTCP || len(web.Backends) != 3 || web.Backends[0].MAC == "" || web.Backends[1].Weight != 2 ||
+		web.Backends[2].Address != "10.0.6.3:443" {
+		t.Fatalf("web: %s, backends %+v", web.Protocol, web.Backends)
+	}
+}

@@ -94,10 +94,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
-		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
-			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
-	})
+	waitOneNACK(t, s)
 	if v, a, _ := n.last(); v != before || a != applied {
 		t.Fatalf("the node applied a view it should have refused (%d -> %d applied)", applied, a)
 	}

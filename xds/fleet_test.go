@@ -98,6 +98,15 @@ func startFleetNode(t *testing.T, cfg adsclient.Config, decode func(clusters, as
 	return n
 }
 
+// waitOneNACK waits until s has counted one NACK and rolled its node back.
+func waitOneNACK(t *testing.T, s *Server) {
+	t.Helper()
+	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
+		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
+			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
+	})
+}
+
 // TestXDPNodeView: a node with the XDP user agent gets the vip services with the control
 // plane's verdicts (and when they changed), nothing else; an Envoy node on the same server
 // gets the Envoy resources, as before; a health transition reaches the XDP node.
@@ -193,10 +202,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
-		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
-			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
-	})
+	waitOneNACK(t, s)
 	settled := s.Stats.Pushes.Load()
 	// Bounded observation: a server re-sending the rejected version would do so within the
 	// client's NACK hold (20 ms doubling to 200 ms here), so 1 s would show several.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/internal/testcert"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -37,18 +38,11 @@ func TestXDSSourceMTLS(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	srv := xds.NewServer(ctx, f, nil, zaptest.NewLogger(t))
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair},
+	addr := grpctest.Serve(t, srv.Register, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair},
 		ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})))
-	srv.Register(g)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
 
 	cctx, ccancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	x := &XDSUpstreams{Server: ln.Addr().String(), Service: "api", NodeID: "tls/caddy", CA: caFile, Cert: cliCert, Key: cliKey}
+	x := &XDSUpstreams{Server: addr, Service: "api", NodeID: "tls/caddy", CA: caFile, Cert: cliCert, Key: cliKey}
 	if err := x.Provision(cctx); err != nil {
 		t.Fatal(err)
 	}

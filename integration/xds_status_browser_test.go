@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -13,11 +12,11 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -74,15 +73,7 @@ func TestXDSStatusPageBrowser(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	s.Register(g)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	addr := ln.Addr().String()
+	addr := grpctest.Serve(t, s.Register)
 	admin := httptest.NewServer(s.AdminHandler())
 	t.Cleanup(admin.Close)
 

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -34,12 +35,7 @@ func startMonitored(t *testing.T, src string) (*Server, *health.Monitor, string)
 	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	return s, mon, ln.Addr().String()
+	return s, mon, grpctest.Serve(t, s.Register)
 }
 
 func callsTo(ctx context.Context, t *testing.T, cc *grpc.ClientConn, n int) map[string]int {

@@ -21,6 +21,7 @@ import (
 	"github.com/stickylb/stickylb/internal/fanout"
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/healthtest"
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/internal/testwait"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -147,12 +148,7 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	}
 
 	// Caddy.
-	pln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pln.Addr().(*net.TCPAddr).Port
-	pln.Close()
+	port := loopback.FreePort(t)
 	loadCaddy(t, port, bs[:3])
 	t.Cleanup(func() { _ = caddy.Stop() })
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}

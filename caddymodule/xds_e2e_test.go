@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -224,21 +225,11 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	t.Setenv("STICKYLB_XDS_TEST_SECRET", testSecret)
 	b0, b1, b2 := startE2EBackend(t, "b0"), startE2EBackend(t, "b1"), startE2EBackend(t, "b2")
-	dl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := dl.Addr().String() // nothing answers there
-	dl.Close()
+	dead := fmt.Sprintf("127.0.0.1:%d", loopback.FreePort(t)) // nothing answers there
 	entry := func(addr, extra string) string { return "address: " + addr + extra }
 	cp := startE2EControlPlane(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ""), entry(b2.addr(), ""), entry(dead, "")))
 
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pl.Addr().(*net.TCPAddr).Port
-	pl.Close()
+	port := loopback.FreePort(t)
 	loadXDSCaddy(t, port, cp.addr)
 	t.Cleanup(func() { _ = caddy.Stop() })
 

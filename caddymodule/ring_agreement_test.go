@@ -22,6 +22,7 @@ import (
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/healthtest"
 	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/internal/testwait"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -99,10 +100,7 @@ func agreePools(t *testing.T, bs []*dualBackend) *pools.File {
 	for _, b := range bs {
 		fmt.Fprintf(&s, "      - {address: %q}\n", b.addr)
 	}
-	f, err := pools.Parse("agree.yaml", []byte(s.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, s.String())
 	return f
 }
 

@@ -23,7 +23,6 @@ import (
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/internal/poolstest"
-	"github.com/stickylb/stickylb/policies/pools"
 )
 
 // sourceWith returns a source serving service "api" of v for a node of zone, with no
@@ -117,10 +116,7 @@ func TestXDSSourcePick(t *testing.T) {
 // and drains reach the policies' table by identity); one the node cannot take is refused
 // with the reason and the last view stays.
 func TestXDSSourceApplyAndNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.CaddyFleet)
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	sub := &xdsSub{log: zaptest.NewLogger(t), path: t.TempDir() + "/view.json", key: t.Name(), server: "s", node: "n"}
 	t.Cleanup(func() { xdsTable.set(sub.key, nil) })
@@ -162,7 +158,7 @@ func TestXDSSourceApplyAndNACK(t *testing.T) {
 	// A cluster a Caddy node cannot route (an L4 protocol) is refused; the view stays.
 	bad := proto.Clone(cs[0]).(*clusterv3.Cluster)
 	bad.Metadata.FilterMetadata[fleetview.MetadataKey].Fields["protocol"] = structpb.NewStringValue("udp")
-	err = a.Clusters("2", byName(bad))
+	err := a.Clusters("2", byName(bad))
 	if err == nil || !strings.Contains(err.Error(), "protocol") {
 		t.Fatalf("a udp cluster: err %v, want a protocol error", err)
 	}

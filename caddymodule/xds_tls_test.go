@@ -17,7 +17,6 @@ import (
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/internal/testcert"
-	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
 )
 
@@ -31,10 +30,7 @@ func TestXDSSourceMTLS(t *testing.T) {
 	pair := ca.Issue(testcert.Leaf{Name: "server", Server: true, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	cliCert, cliKey := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
 	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "client"}), cliCert, cliKey)
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.CaddyFleet)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	srv := xds.NewServer(ctx, f, nil, zaptest.NewLogger(t))

@@ -16,8 +16,8 @@ import (
 	"github.com/google/gopacket/layers"
 
 	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/internal/xdptest"
-	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -57,7 +57,7 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 	}
 	defer ln.Close()
 	l := xdptest.Loader(t, "slxp")
-	f, err := pools.Parse("pools.yaml", []byte(fmt.Sprintf(`services:
+	f := poolstest.Parse(t, fmt.Sprintf(`services:
   - name: web
     protocol: tcp
     vip: 10.0.0.100:80
@@ -68,10 +68,7 @@ func TestXDPStatusPageBrowser(t *testing.T) {
       - {address: 127.0.0.1:80, mac: "02:00:00:00:00:01", zone: zone-a, weight: 2}
       - {address: 127.0.0.2:80, mac: "02:00:00:00:00:02", zone: zone-b}
       - {address: 127.0.0.3:80, mac: "02:00:00:00:00:03", zone: zone-b, drain: true}
-`, ln.Addr().(*net.TCPAddr).Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
+`, ln.Addr().(*net.TCPAddr).Port))
 	if err := l.Apply(t.Context(), f); err != nil {
 		t.Fatal(err)
 	}

@@ -55,10 +55,7 @@ func TestXDSStatusPageBrowser(t *testing.T) {
 		t.Skip("browser test")
 	}
 	ctx := newBrowser(t)
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.Fleet)
 	view := func(_ string, b *pools.Backend) health.State {
 		if b.Address == "10.0.7.1:80" {
 			return health.Unhealthy

@@ -13,17 +13,13 @@ import (
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
-	"github.com/stickylb/stickylb/policies/pools"
 )
 
 // TestCaddyNodeView: a node with the Caddy user agent gets the http and grpc services (not
 // the vip one) with identity, weight, zone, drain, cross_zone and the verdicts; a
 // transition reaches it; Caddy nodes of different zones share one snapshot.
 func TestCaddyNodeView(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.CaddyFleet)
 	states := newStateView(map[string]health.State{"api-1": health.Healthy})
 	s, addr := startXDSWithView(t, f, states.view)
 
@@ -76,10 +72,7 @@ func TestCaddyNodeView(t *testing.T) {
 // not proxy) is NACKed; the server counts it once and rolls the node back to the snapshot
 // it acknowledged on CDS and EDS; the node keeps its view; the next good version applies.
 func TestCaddyNodeNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.CaddyFleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.CaddyFleet)
 	s, addr := startXDS(t, f)
 	n := startCaddyNode(t, addr, "h1/caddy", "")
 	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
@@ -99,11 +92,8 @@ func TestCaddyNodeNACK(t *testing.T) {
 		t.Fatalf("the node applied a view it should have refused (%d -> %d applied)", applied, a)
 	}
 	s.mutateXDP = nil
-	f2, err := pools.Parse("pools.yaml", []byte(strings.Replace(poolstest.CaddyFleet, "      - {address: 10.0.8.1:50051}\n",
-		"      - {address: 10.0.8.1:50051}\n      - {address: 10.0.8.2:50051}\n", 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f2 := poolstest.Parse(t, strings.Replace(poolstest.CaddyFleet, "      - {address: 10.0.8.1:50051}\n",
+		"      - {address: 10.0.8.1:50051}\n      - {address: 10.0.8.2:50051}\n", 1))
 	if err := s.Update(f2); err != nil {
 		t.Fatal(err)
 	}

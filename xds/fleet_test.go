@@ -18,7 +18,6 @@ import (
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
-	"github.com/stickylb/stickylb/policies/pools"
 )
 
 // fleetNode is a node's subscription as `stickylb xdp --xds` or the stickylb_xds source
@@ -111,10 +110,7 @@ func waitOneNACK(t *testing.T, s *Server) {
 // plane's verdicts (and when they changed), nothing else; an Envoy node on the same server
 // gets the Envoy resources, as before; a health transition reaches the XDP node.
 func TestXDPNodeView(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.Fleet)
 	states := newStateView(map[string]health.State{"10.0.6.1:443": health.Healthy})
 	s, addr := startXDSWithView(t, f, states.view)
 
@@ -183,10 +179,7 @@ func TestXDPNodeView(t *testing.T) {
 // types it subscribed to (CDS and EDS), and does not send the rejected version again; the
 // node keeps its last view; the next good version is applied.
 func TestXDPNodeNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.Fleet)
 	s, addr := startXDS(t, f)
 	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
 	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
@@ -214,10 +207,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	}
 	t.Logf("pushes for the bad version and its rollback: %d", settled-pushes)
 	s.mutateXDP = nil
-	f2, err := pools.Parse("pools.yaml", []byte(poolstest.Fleet+"      - {address: 10.0.6.3:443}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f2 := poolstest.Parse(t, poolstest.Fleet+"      - {address: 10.0.6.3:443}\n")
 	if err := s.Update(f2); err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,15 @@
 // Package poolstest holds the pools files that the tests of several packages describe
-// alike: the Caddy module's, the end-to-end ones, and the control plane's. A fixture
-// written once keeps those tests agreeing on what the fleet is.
+// alike (the Caddy module's, the end-to-end ones, the control plane's) and parses them. A
+// fixture written once keeps those tests agreeing on what the fleet is.
 package poolstest
 
 import (
 	"fmt"
 	"strings"
+	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/policies/pools"
 )
 
 // The health check of API's service api: the tests bound how long a verdict takes to reach
@@ -90,3 +93,13 @@ const Fleet = `services:
       - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: zone-a}
       - {address: 10.0.6.2:443, weight: 2, zone: zone-b}
 `
+
+// Parse parses text as a pools file named pools.yaml, failing tb if it is not one.
+func Parse(tb testing.TB, text string) *pools.File {
+	tb.Helper()
+	f, err := pools.Parse("pools.yaml", []byte(text))
+	if err != nil {
+		tb.Fatalf("poolstest: %v", err)
+	}
+	return f
+}

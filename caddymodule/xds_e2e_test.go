@@ -76,13 +76,7 @@ type e2eControlPlane struct {
 func startE2EControlPlane(t *testing.T, yaml string) *e2eControlPlane {
 	t.Helper()
 	cp := &e2eControlPlane{path: filepath.Join(t.TempDir(), "pools.yaml")}
-	if err := os.WriteFile(cp.path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f, err := pools.Load(cp.path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := cp.write(t, yaml)
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.ctx = ctx
 	log := zaptest.NewLogger(t)
@@ -110,8 +104,8 @@ func startE2EControlPlane(t *testing.T, yaml string) *e2eControlPlane {
 	return cp
 }
 
-// edit rewrites the pools file and applies it as `stickylb xds` does on a change.
-func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
+// write writes the pools file and loads it from disk, as `stickylb xds` reads it.
+func (cp *e2eControlPlane) write(t *testing.T, yaml string) *pools.File {
 	t.Helper()
 	if err := os.WriteFile(cp.path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -120,6 +114,13 @@ func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+// edit rewrites the pools file and applies it as `stickylb xds` does on a change.
+func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
+	t.Helper()
+	f := cp.write(t, yaml)
 	if err := cp.srv.Update(f); err != nil {
 		t.Fatal(err)
 	}

@@ -143,8 +143,8 @@ func TestNATFixtureReplyNoNeighbour(t *testing.T) {
 	wantCounts(t, r.f, map[string]uint64{"nat_reply": 2, "nat_no_route": 0})
 }
 
-// A NAT backend whose next hop has no neighbour entry: dropped and counted, never sent with
-// a guessed MAC.
+// A NAT backend whose next hop has no neighbour entry: dropped and counted as such (not as
+// forwarded), never sent with a guessed MAC.
 func TestNATFixtureNoRoute(t *testing.T) {
 	r := newNATRig(t, Options{})
 	r.install(singlePort)
@@ -153,7 +153,16 @@ func TestNATFixtureNoRoute(t *testing.T) {
 	if ret != xdpDrop {
 		t.Fatalf("syn to a backend with no resolved next hop: action %d, want drop", ret)
 	}
-	wantCounts(t, r.f, map[string]uint64{"nat_no_route": 1, "nat_forward": 0})
+	wantCounts(t, r.f, map[string]uint64{"nat_no_route": 1, "nat_forward": 0, "forward": 0})
+	// A reply to a client the FIB has no route to (no default route here; the neighbour
+	// fallback is for a known route only): dropped and counted, not counted as a reply.
+	far := natFlow(natTCP4b, 33000, netip.AddrPortFrom(natLB4, natPort))
+	far.client = netip.MustParseAddrPort("192.0.2.10:33000")
+	r.expect("syn from a client with no route back", r.lb0, far.fromClient("S", nil).frame(t), xdpTX, far.toBackend("S", nil).frame(t))
+	if ret, _ := r.run(r.lb0, far.fromBackend("SA", nil).frame(t)); ret != xdpDrop {
+		t.Fatalf("reply to a client with no route: action %d, want drop", ret)
+	}
+	wantCounts(t, r.f, map[string]uint64{"nat_no_route": 2, "nat_forward": 1, "nat_reply": 0})
 }
 
 // Fragments of a VIP whose backend is NAT: dropped and counted (a later fragment carries no

@@ -71,7 +71,7 @@ var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_source
 
 // pinned maps: the state a restarted loader adopts.
 var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
-	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones", "nat_rev"}
+	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones", "nat_rev", "nat_reserved"}
 
 func (c Config) pinDir() string {
 	root := c.PinRoot
@@ -120,14 +120,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		fw.Close()
 		return nil, err
 	}
-	if err := l.reservePorts(); err != nil {
-		fw.Close()
-		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
-	}
-	if err := l.enableForwarding(); err != nil {
-		fw.Close()
-		return nil, err
-	}
+
 	if err := l.restore(); err != nil {
 		fw.Close()
 		return nil, err
@@ -142,6 +135,15 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 			fw.Close()
 			return nil, fmt.Errorf("pinning map %s: %w", name, err)
 		}
+	}
+	// After the pinning: what is reserved is recorded in the pinned state, for Detach.
+	if err := l.reservePorts(); err != nil {
+		fw.Close()
+		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
+	}
+	if err := l.enableForwarding(); err != nil {
+		fw.Close()
+		return nil, err
 	}
 	adopted := len(fresh) < len(pinnedMaps)
 	linkPath := filepath.Join(l.dir, "link")
@@ -205,7 +207,8 @@ func mapByName(fw *Tables, name string) *ebpf.Map {
 	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
 		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
 		"vip_names": m.VipNames, "backend_names": m.BackendNames, "schedules": m.Schedules, "wlc_pools": m.WlcPools,
-		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones, "nat_rev": m.NatRev}[name]
+		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones, "nat_rev": m.NatRev,
+		"nat_reserved": m.NatReserved}[name]
 }
 
 // Close stops the health checkers and releases this process's handles. The link and maps

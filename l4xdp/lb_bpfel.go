@@ -130,6 +130,12 @@ type lbNatSource struct {
 	Addr [16]uint8
 }
 
+type lbPortRange struct {
+	_  structs.HostLayout
+	Lo uint16
+	Hi uint16
+}
+
 type lbServerKey struct {
 	_        structs.HostLayout
 	VipId    uint32
@@ -173,6 +179,7 @@ const (
 	lbMapConns        = "conns"
 	lbMapInsertBudget = "insert_budget"
 	lbMapMaglev       = "maglev"
+	lbMapNatReserved  = "nat_reserved"
 	lbMapNatRev       = "nat_rev"
 	lbMapNatScratch   = "nat_scratch"
 	lbMapNatSources   = "nat_sources"
@@ -247,6 +254,7 @@ type lbMapSpecs struct {
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
 	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
+	NatReserved  *ebpf.MapSpec `ebpf:"nat_reserved"`
 	NatRev       *ebpf.MapSpec `ebpf:"nat_rev"`
 	NatScratch   *ebpf.MapSpec `ebpf:"nat_scratch"`
 	NatSources   *ebpf.MapSpec `ebpf:"nat_sources"`
@@ -297,6 +305,7 @@ type lbMaps struct {
 	Conns        *ebpf.Map `ebpf:"conns"`
 	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
+	NatReserved  *ebpf.Map `ebpf:"nat_reserved"`
 	NatRev       *ebpf.Map `ebpf:"nat_rev"`
 	NatScratch   *ebpf.Map `ebpf:"nat_scratch"`
 	NatSources   *ebpf.Map `ebpf:"nat_sources"`
@@ -323,6 +332,7 @@ func (m *lbMaps) Close() error {
 		m.Conns,
 		m.InsertBudget,
 		m.Maglev,
+		m.NatReserved,
 		m.NatRev,
 		m.NatScratch,
 		m.NatSources,

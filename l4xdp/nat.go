@@ -35,10 +35,6 @@ const maxNATSources = 8
 // new flow inserts its reply entry a moment before its connection entry.
 const natSweepSlack = 2 * time.Second
 
-// reservedPortsFile is where the loader records the ports it added to the host's
-// ip_local_reserved_ports, so Detach takes back exactly those.
-const reservedPortsFile = "nat_reserved_ports"
-
 // ports returns the source port range, defaults applied.
 func (n NAT) ports() (lo, hi uint16) {
 	if n.PortLow == 0 && n.PortHigh == 0 {
@@ -294,7 +290,7 @@ func (l *Loader) enableForwarding() error {
 // reservePorts adds the NAT port range to the host's ip_local_reserved_ports when a NAT
 // source is an address of this host (of this network namespace): the host's own sockets
 // then never take a port the program hands to NAT flows. What it added is recorded in the
-// pin directory for Detach.
+// pinned nat_reserved map for Detach.
 func (l *Loader) reservePorts() error {
 	if len(l.cfg.NAT.Sources) == 0 {
 		return nil
@@ -321,30 +317,59 @@ func (l *Loader) reservePorts() error {
 	if len(added) == 0 {
 		return nil
 	}
+	rec := merge(append(readRecorded(l.fw.objs.NatReserved), added...))
+	if len(rec) > natReservedSlots {
+		return fmt.Errorf("the host's reserved ports around %d-%d are in more than %d pieces: reserve %d-%d yourself (sysctl net.ipv4.ip_local_reserved_ports)", lo, hi, natReservedSlots, lo, hi)
+	}
 	if err := writeReserved(merge(append(cur, added...))); err != nil {
 		return err
 	}
-	old, _ := os.ReadFile(filepath.Join(l.dir, reservedPortsFile))
-	rec := merge(append(parseRanges(string(old)), added...))
-	return os.WriteFile(filepath.Join(l.dir, reservedPortsFile), []byte(formatRanges(rec)), 0o600)
+	for i := range natReservedSlots {
+		var v lbPortRange
+		if i < len(rec) {
+			v = lbPortRange{Lo: rec[i].lo, Hi: rec[i].hi}
+		}
+		if err := l.fw.objs.NatReserved.Put(uint32(i), v); err != nil {
+			return fmt.Errorf("recording the reserved ports: %w", err)
+		}
+	}
+	l.log.Info("reserved the NAT ports from the host's own (a NAT source is the host's address)",
+		zap.String("added", formatRanges(added)))
+	return nil
 }
 
-// releasePorts takes back from ip_local_reserved_ports what reservePorts added (Detach).
+// natReservedSlots is the size of the pinned record of reserved ports (nat_reserved).
+const natReservedSlots = 16
+
+// readRecorded reads the ranges a loader recorded in m (nat_reserved).
+func readRecorded(m *ebpf.Map) []portRange {
+	var out []portRange
+	for i := range natReservedSlots {
+		var v lbPortRange
+		if err := m.Lookup(uint32(i), &v); err == nil && v.Lo != 0 {
+			out = append(out, portRange{v.Lo, v.Hi})
+		}
+	}
+	return out
+}
+
+// releasePorts takes back from ip_local_reserved_ports what loaders of this pin directory
+// added (Detach).
 func releasePorts(dir string) error {
-	b, err := os.ReadFile(filepath.Join(dir, reservedPortsFile))
-	if os.IsNotExist(err) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "nat_reserved"), nil)
+	if err != nil {
+		return nil // pinned by a loader without NAT: nothing reserved
+	}
+	defer m.Close()
+	rec := readRecorded(m)
+	if len(rec) == 0 {
 		return nil
-	} else if err != nil {
-		return err
 	}
 	cur, err := readReserved()
 	if err != nil {
 		return err
 	}
-	if err := writeReserved(subtract(cur, parseRanges(string(b)))); err != nil {
-		return err
-	}
-	return os.Remove(filepath.Join(dir, reservedPortsFile))
+	return writeReserved(subtract(cur, rec))
 }
 
 const reservedPortsSysctl = "/proc/sys/net/ipv4/ip_local_reserved_ports"

@@ -118,6 +118,13 @@ struct {
 	__type(value, struct nat_entry);
 } nat_rev SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16);
+	__type(key, __u32);
+	__type(value, struct port_range);
+} nat_reserved SEC(".maps");
+
 /* Written by the loader at start-up from --nat-source (not pinned). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

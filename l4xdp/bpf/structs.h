@@ -86,6 +86,13 @@ struct nat_entry {
 	__u64 last_seen;      /* either direction, refreshed at most once a second */
 };
 
+/* Ports the loader added to the host's ip_local_reserved_ports (inclusive; lo 0: unused),
+ * kept with the pinned state so that Detach gives back exactly those. Never read here. */
+struct port_range {
+	__u16 lo;
+	__u16 hi;
+};
+
 /* A NAT source address. */
 struct nat_source {
 	__u8 addr[16];

@@ -167,6 +167,20 @@ static __always_inline int rewrite6(struct ipv6hdr *ip, void *l4p, void *data_en
 	return 0;
 }
 
+/* rewrite_packet rewrites the TCP/UDP packet after eth (IPv4 or IPv6) to rw. */
+static __always_inline int rewrite_packet(struct ethhdr *eth, void *data_end, int v6, __u8 proto,
+					  const struct rewrite *rw)
+{
+	if (v6) {
+		struct ipv6hdr *ip = (void *)(eth + 1);
+		return rewrite6(ip, ip + 1, data_end, proto, rw, NULL);
+	}
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	return rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
+}
+
 /* nat_send sends a rewritten packet to its next hop, found by the kernel's FIB from the
  * packet's new addresses: out of the ingress interface (XDP_TX) or redirected to another.
  * When the FIB knows the route but not the neighbour, back names where the flow came from
@@ -457,14 +471,8 @@ static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, cons
 		in->sport = b->port;
 		in->dport = port;
 		r = icmp_translate(ctx, eth, rw->src, rw->dst, in);
-	} else if (v6) {
-		struct ipv6hdr *ip = (void *)(eth + 1);
-		r = rewrite6(ip, ip + 1, data_end, f->proto, rw, NULL);
 	} else {
-		struct iphdr *ip = (void *)(eth + 1);
-		if ((void *)(ip + 1) > data_end)
-			return XDP_DROP;
-		r = rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
+		r = rewrite_packet(eth, data_end, v6, f->proto, rw);
 	}
 	if (r < 0) {
 		count(&path_stats, PATH_MALFORMED, len);
@@ -532,15 +540,7 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		__builtin_memcpy(rw->dst, e->client.src, 16);
 		rw->sport = e->client.dport;
 		rw->dport = e->client.sport;
-		if (v6) {
-			struct ipv6hdr *ip = (void *)(eth + 1);
-			r = rewrite6(ip, ip + 1, data_end, f->proto, rw, NULL);
-		} else {
-			struct iphdr *ip = (void *)(eth + 1);
-			if ((void *)(ip + 1) > data_end)
-				return XDP_DROP;
-			r = rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
-		}
+		r = rewrite_packet(eth, data_end, v6, f->proto, rw);
 	}
 	if (r < 0) {
 		count(&path_stats, PATH_MALFORMED, len);

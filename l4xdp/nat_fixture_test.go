@@ -54,8 +54,7 @@ func TestNATFixtureIPv4TCP(t *testing.T) {
 	r.install(singlePort)
 	fl := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
 	data := []byte("an odd-length payload")
-	r.expect("syn", r.lb0, fl.fromClient("S", nil).frame(t), xdpTX, fl.toBackend("S", nil).frame(t))
-	r.expect("syn-ack", r.lb0, fl.fromBackend("SA", nil).frame(t), xdpTX, fl.toClient("SA", nil).frame(t))
+	r.handshake(t, "", fl, r.lb0, xdpTX)
 	r.expect("data", r.lb0, fl.fromClient("PA", data).frame(t), xdpTX, fl.toBackend("PA", data).frame(t))
 	r.expect("reply data", r.lb0, fl.fromBackend("PA", data[:8]).frame(t), xdpTX, fl.toClient("PA", data[:8]).frame(t))
 	r.expect("fin", r.lb0, fl.fromClient("FA", nil).frame(t), xdpTX, fl.toBackend("FA", nil).frame(t))
@@ -99,8 +98,7 @@ func TestNATFixtureIPv6(t *testing.T) {
 	r.install(singlePort)
 	fl := natFlow(natTCP6, 33000, netip.AddrPortFrom(natLB6, natPort))
 	data := []byte("an odd-length payload")
-	r.expect("syn", r.lb0, fl.fromClient("S", nil).frame(t), xdpTX, fl.toBackend("S", nil).frame(t))
-	r.expect("syn-ack", r.lb0, fl.fromBackend("SA", nil).frame(t), xdpTX, fl.toClient("SA", nil).frame(t))
+	r.handshake(t, "", fl, r.lb0, xdpTX)
 	r.expect("data", r.lb0, fl.fromClient("PA", data).frame(t), xdpTX, fl.toBackend("PA", data).frame(t))
 	r.expect("reply data", r.lb0, fl.fromBackend("PA", data[:9]).frame(t), xdpTX, fl.toClient("PA", data[:9]).frame(t))
 
@@ -116,10 +114,8 @@ func TestNATFixtureIPv6(t *testing.T) {
 func TestNATFixtureRedirect(t *testing.T) {
 	r := newNATRig(t, Options{})
 	r.install(singlePort)
-	fl := natFlow(natTCPLB1, 33000, netip.AddrPortFrom(natLB4, natPort))
-	fl.bmac, fl.rmac = lbMACb, routerMACb
-	r.expect("syn", r.lb0, fl.fromClient("S", nil).frame(t), xdpRedirectAction, fl.toBackend("S", nil).frame(t))
-	r.expect("syn-ack", r.lb1, fl.fromBackend("SA", nil).frame(t), xdpRedirectAction, fl.toClient("SA", nil).frame(t))
+	fl := natFlow(natTCPLB1, 33000, netip.AddrPortFrom(natLB4, natPort)).viaLB1()
+	r.handshake(t, "", fl, r.lb1, xdpRedirectAction)
 	wantCounts(t, r.f, map[string]uint64{"nat_forward": 1, "nat_reply": 1})
 }
 
@@ -131,15 +127,12 @@ func TestNATFixtureReplyNoNeighbour(t *testing.T) {
 	fl := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
 	fl.client = netip.MustParseAddrPort("10.0.0.11:33000") // on lb0's link, not in its neighbour table
 	fl.cmac = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xcd}
-	r.expect("syn", r.lb0, fl.fromClient("S", nil).frame(t), xdpTX, fl.toBackend("S", nil).frame(t))
-	r.expect("syn-ack", r.lb0, fl.fromBackend("SA", nil).frame(t), xdpTX, fl.toClient("SA", nil).frame(t))
+	r.handshake(t, "", fl, r.lb0, xdpTX)
 	// The same when the reply comes in on another interface (the backend is behind lb1): it
 	// is redirected to the one the flow came in on.
-	fl1 := natFlow(natTCPLB1, 33000, netip.AddrPortFrom(natLB4, natPort))
+	fl1 := natFlow(natTCPLB1, 33000, netip.AddrPortFrom(natLB4, natPort)).viaLB1()
 	fl1.client, fl1.cmac = fl.client, fl.cmac
-	fl1.bmac, fl1.rmac = lbMACb, routerMACb
-	r.expect("syn via lb1", r.lb0, fl1.fromClient("S", nil).frame(t), xdpRedirectAction, fl1.toBackend("S", nil).frame(t))
-	r.expect("syn-ack in on lb1", r.lb1, fl1.fromBackend("SA", nil).frame(t), xdpRedirectAction, fl1.toClient("SA", nil).frame(t))
+	r.handshake(t, " via lb1", fl1, r.lb1, xdpRedirectAction)
 	wantCounts(t, r.f, map[string]uint64{"nat_reply": 2, "nat_no_route": 0})
 }
 

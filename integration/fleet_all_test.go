@@ -33,10 +33,9 @@ import (
 // every backend and every node reaches it. The gRPC backends listen on the host's
 // loopback, each on its own 127.0.0.x address, so one can die alone.
 //
-// Caddy proxies the gRPC service rather than an HTTP service of its own because the
-// control plane's ADS cache answers a gRPC client's named Listener request only when the
-// client names every Listener of its view: a second HTTP or gRPC service in the file
-// leaves a grpc-go client without a response (go-control-plane's ADS superset check).
+// Caddy proxies the gRPC service the grpc-go client calls, so that one set of keys checks
+// that the two L7 tiers agree on every backend (a second service in the file no longer stops
+// a grpc-go client: TestGRPCClientBesideOtherServices in xds).
 //
 // Every service is health checked on a port of its own (faVIPHealthPort, faGRPCHealth):
 // killing a backend closes both its ports; the outage closes only the health ports, so the

@@ -13,11 +13,11 @@ package fleetview
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -89,28 +89,17 @@ func meta(fields map[string]*structpb.Value) *corev3.Metadata {
 }
 
 func encodeCluster(s *pools.Service) *clusterv3.Cluster {
-	f := map[string]*structpb.Value{
-		"vip":                  structpb.NewStringValue(s.VIP),
-		"protocol":             structpb.NewStringValue(s.Protocol),
-		"affinity_mode":        structpb.NewStringValue(s.Affinity.Mode),
-		"balance":              structpb.NewStringValue(s.Balance),
-		"table_size":           structpb.NewNumberValue(float64(s.Hash.TableSize)),
-		"idle_timeout_seconds": structpb.NewNumberValue(s.IdleTimeout.Seconds()),
-		"health_checked":       structpb.NewBoolValue(s.HealthCheck != nil),
+	f := serviceFields(s)
+	f["vip"] = structpb.NewStringValue(s.VIP)
+	f["affinity_mode"] = structpb.NewStringValue(s.Affinity.Mode)
+	f["balance"] = structpb.NewStringValue(s.Balance)
+	f["table_size"] = structpb.NewNumberValue(float64(s.Hash.TableSize))
+	f["idle_timeout_seconds"] = structpb.NewNumberValue(s.IdleTimeout.Seconds())
+	if s.Forwarding != "" {
+		f["forwarding"] = structpb.NewStringValue(string(s.Forwarding))
 	}
 	if s.Affinity.QUICCID != nil {
 		f["cid_length"] = structpb.NewNumberValue(float64(s.Affinity.QUICCID.CIDLength))
-	}
-	// Zones: a node keeps to its own zone with cross_zone false; drained zones are listed
-	// (not only folded into each endpoint's drain) because a drained zone is the last
-	// resort, which a plain drain is not.
-	f["cross_zone"] = structpb.NewBoolValue(s.CrossZone)
-	if len(s.DrainedZones) > 0 {
-		zs := make([]*structpb.Value, len(s.DrainedZones))
-		for i, z := range s.DrainedZones {
-			zs[i] = structpb.NewStringValue(z)
-		}
-		f["drained_zones"] = structpb.NewListValue(&structpb.ListValue{Values: zs})
 	}
 	if ss := s.SlowStart; ss != nil {
 		f["slow_start"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
@@ -119,17 +108,55 @@ func encodeCluster(s *pools.Service) *clusterv3.Cluster {
 			"min_weight_percent": structpb.NewNumberValue(ss.MinWeightPercent),
 		}})
 	}
+	c := edsCluster(s.Name, f)
+	c.LbPolicy = clusterv3.Cluster_MAGLEV
+	return c
+}
+
+// edsCluster is a view's cluster: named after its service, its endpoints over ADS, and
+// the stickylb fields in its metadata (the rest only satisfies Envoy's validation).
+func edsCluster(name string, fields map[string]*structpb.Value) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
-		Name:                 s.Name,
+		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
 			ResourceApiVersion:    corev3.ApiVersion_V3,
 			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		}},
 		ConnectTimeout: durationpb.New(5 * time.Second),
-		LbPolicy:       clusterv3.Cluster_MAGLEV,
-		Metadata:       meta(f),
+		Metadata:       meta(fields),
 	}
+}
+
+// serviceFields are the metadata fields of every view's cluster: the protocol, whether the
+// control plane checks the backends, and the zones. A node keeps to its own zone with
+// cross_zone false; drained zones are listed (not only folded into each endpoint's drain)
+// because a drained zone is the last resort, which a plain drain is not.
+func serviceFields(s *pools.Service) map[string]*structpb.Value {
+	f := map[string]*structpb.Value{
+		"protocol":       structpb.NewStringValue(s.Protocol),
+		"health_checked": structpb.NewBoolValue(s.HealthCheck != nil),
+		"cross_zone":     structpb.NewBoolValue(s.CrossZone),
+	}
+	if len(s.DrainedZones) > 0 {
+		zs := make([]*structpb.Value, len(s.DrainedZones))
+		for i, z := range s.DrainedZones {
+			zs[i] = structpb.NewStringValue(z)
+		}
+		f["drained_zones"] = structpb.NewListValue(&structpb.ListValue{Values: zs})
+	}
+	return f
+}
+
+// service reads what serviceFields wrote, into a new service named name.
+func (f *fields) service(name string) *pools.Service {
+	s := &pools.Service{Name: name, Protocol: f.str("protocol", true),
+		CrossZone:    f.boolOr("cross_zone", true), // the pools file's default
+		DrainedZones: f.strings("drained_zones")}
+	if f.boolean("health_checked") {
+		s.HealthCheck = &pools.HealthCheck{}
+	}
+	return s
 }
 
 func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verdict) *endpointv3.ClusterLoadAssignment {
@@ -174,6 +201,11 @@ func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verd
 		if b.ServerID != 0 {
 			f["server_id"] = structpb.NewNumberValue(float64(b.ServerID))
 		}
+		// The backend's own, not ForwardingOf's: the node resolves it with the service's
+		// as the pools file says, so an override stays one.
+		if b.Forwarding != "" {
+			f["forwarding"] = structpb.NewStringValue(string(b.Forwarding))
+		}
 		ap := b.AddrPort()
 		le.LbEndpoints = append(le.LbEndpoints, &endpointv3.LbEndpoint{
 			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
@@ -199,14 +231,15 @@ var ErrIncomplete = errors.New("fleetview: a cluster's endpoints have not arrive
 // ErrIncomplete. Anything a forwarder cannot take (an unknown affinity mode, a balance
 // other than maglev, a malformed field) is an error naming the resource and the field.
 func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
+	return decodeView(clusters, assignments, decodeCluster)
+}
+
+// decodeView reads a view whose clusters decodeCluster reads, in name order (the file
+// order of the view's services), then their load assignments. Clusters come first, so a
+// bad one is reported even while another waits for its endpoints.
+func decodeView(clusters, assignments map[string]proto.Message, decodeCluster func(*clusterv3.Cluster) (*pools.Service, error)) (*View, error) {
 	v := &View{File: &pools.File{Filename: "xds"}, Verdicts: map[string]Verdict{}}
-	names := make([]string, 0, len(clusters))
-	for n := range clusters {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	// Clusters first, so a bad one is reported even while another waits for its endpoints.
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(clusters)) {
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {
 			return nil, fmt.Errorf("cluster %s: a %T, not a Cluster", name, clusters[name])
@@ -372,6 +405,19 @@ func (f *fields) sub(key string) *fields {
 	return &fields{m: st.StructValue.GetFields()}
 }
 
+// forwarding reads a forwarding mode (auto when absent).
+func (f *fields) forwarding() pools.Forwarding {
+	if _, ok := f.m["forwarding"]; !ok {
+		return pools.ForwardingAuto
+	}
+	v := pools.Forwarding(f.str("forwarding", true))
+	if f.err == nil && !v.Known() {
+		f.fail("forwarding %q: want auto, dr or nat", v)
+		return ""
+	}
+	return v
+}
+
 // slowStart reads the slow_start struct: the window, the aggression and the floor, as the
 // pools file's slow_start (the formula is policies/balance's on every tier).
 func (f *fields) slowStart() *pools.SlowStart {
@@ -405,18 +451,16 @@ func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &pools.Service{Name: c.GetName(), VIP: f.str("vip", true), Protocol: f.str("protocol", true),
-		Affinity: pools.Affinity{Mode: f.str("affinity_mode", true)}, Balance: f.str("balance", true)}
+	s := f.service(c.GetName())
+	s.VIP, s.Affinity.Mode, s.Balance = f.str("vip", true), f.str("affinity_mode", true), f.str("balance", true)
+	// Absent: a control plane older than the field, whose nodes forwarded by DR where they
+	// could, which auto still does.
+	s.Forwarding = f.forwarding()
 	// Table sizes are checked against the forwarder's maps by the loader; here only that
 	// the number is one.
 	s.Hash.TableSize = f.uint("table_size", true, math.MaxUint32)
 	s.IdleTimeout = time.Duration(f.uint("idle_timeout_seconds", false, math.MaxUint32)) * time.Second
 	cid := f.uint("cid_length", false, pools.MaxCIDLength)
-	if f.boolean("health_checked") {
-		s.HealthCheck = &pools.HealthCheck{}
-	}
-	s.CrossZone = f.boolOr("cross_zone", true) // the pools file's default
-	s.DrainedZones = f.strings("drained_zones")
 	s.SlowStart = f.slowStart()
 	if f.err != nil {
 		return nil, f.err
@@ -463,6 +507,9 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 				b.Drain = f.boolean("backend_drain")
 			}
 			b.ServerID = uint16(f.uint("server_id", false, math.MaxUint16))
+			if _, ok := f.m["forwarding"]; ok {
+				b.Forwarding = f.forwarding()
+			}
 			state, since, from := f.str("health", false), f.str("health_since", false), f.str("health_from", false)
 			if f.err != nil {
 				return fmt.Errorf("endpoint %d: %w", i, f.err)

@@ -28,12 +28,14 @@ const file = `services:
     drained_zones: [z3]
     cross_zone: false
     slow_start: {window: 1500ms, aggression: 1.5, min_weight_percent: 5}
+    forwarding: dr
     backends:
       - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: z1}
       - {address: 10.0.6.2:443, weight: 3, hash_key: b2, zone: z2}
       - {address: 10.0.6.3:443, drain: true}
       - {address: 10.0.6.4:443, zone: z3}
       - {address: 10.0.6.5:443, zone: z3, drain: true}
+      - {address: 10.9.6.6:443, zone: z1, forwarding: nat}
   - name: wlc
     protocol: tcp
     vip: 10.0.0.101:25
@@ -42,6 +44,8 @@ const file = `services:
     backends:
       - {address: 10.0.6.1:25, zone: z1}
       - {address: 10.0.6.2:25, weight: 2, zone: z2}
+      - {address: 10.9.6.3:2525, zone: z2}
+      - {address: 10.0.6.4:25, forwarding: dr}
   - name: quic
     protocol: udp
     vip: 10.0.0.100:8443
@@ -106,6 +110,16 @@ func TestRoundTrip(t *testing.T) {
 	if len(v.File.Services) != 3 {
 		t.Fatalf("%d services decoded", len(v.File.Services))
 	}
+	// The file holds every resolved forwarding, so the comparison below covers each.
+	modes := map[pools.Forwarding]int{}
+	for _, s := range f.Services {
+		for _, b := range s.Backends {
+			modes[s.ForwardingOf(b)]++
+		}
+	}
+	if len(modes) != 3 {
+		t.Fatalf("the file resolves forwarding to %v, want auto, dr and nat", modes)
+	}
 	for _, got := range v.File.Services {
 		want := f.Service(got.Name)
 		if got.VIP != want.VIP || got.Protocol != want.Protocol || got.Affinity.Mode != want.Affinity.Mode ||
@@ -114,6 +128,9 @@ func TestRoundTrip(t *testing.T) {
 		}
 		if got.CrossZone != want.CrossZone || !slices.Equal(got.DrainedZones, want.DrainedZones) {
 			t.Errorf("service %s: cross_zone %v drained_zones %v, want %v %v", got.Name, got.CrossZone, got.DrainedZones, want.CrossZone, want.DrainedZones)
+		}
+		if got.Forwarding != want.Forwarding {
+			t.Errorf("service %s: forwarding %q, want %q", got.Name, got.Forwarding, want.Forwarding)
 		}
 		if (got.SlowStart == nil) != (want.SlowStart == nil) || got.SlowStart != nil && *got.SlowStart != *want.SlowStart {
 			t.Errorf("service %s: slow_start %+v, want %+v", got.Name, got.SlowStart, want.SlowStart)
@@ -135,6 +152,11 @@ func TestRoundTrip(t *testing.T) {
 			if gb.Address != wb.Address || gb.Weight != wb.Weight || gb.Zone != wb.Zone || gb.HashKey != wb.HashKey ||
 				gb.ServerID != wb.ServerID || gb.MAC != wb.MAC || gb.Drain != wb.Drain {
 				t.Errorf("service %s backend %d: got %+v, want %+v", got.Name, i, gb, wb)
+			}
+			// The override itself, and so the mode the node resolves, as the file says.
+			if gb.Forwarding != wb.Forwarding || got.ForwardingOf(gb) != want.ForwardingOf(wb) {
+				t.Errorf("service %s backend %s: forwarding %q (resolved %q), want %q (%q)", got.Name, gb.Address,
+					gb.Forwarding, got.ForwardingOf(gb), wb.Forwarding, want.ForwardingOf(wb))
 			}
 		}
 	}
@@ -184,6 +206,15 @@ func TestDecodeRejects(t *testing.T) {
 		}},
 		{"bad health_from", `health_from "dizzy"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health_from"] = structpb.NewStringValue("dizzy")
+		}},
+		{"unknown forwarding", `forwarding "snat": want auto, dr or nat`, func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewStringValue("snat")
+		}},
+		{"forwarding not a string", "forwarding: not a string", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+			c.Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewBoolValue(true)
+		}},
+		{"unknown backend forwarding", `endpoint 0: forwarding "": want auto, dr or nat`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewStringValue("")
 		}},
 		{"bad health", `health "sick"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health"] = structpb.NewStringValue("sick")
@@ -268,5 +299,33 @@ func TestDrainedZoneReaders(t *testing.T) {
 	web := v.File.Service("web")
 	if !web.Backends[3].Drain || !web.CrossZone || len(web.DrainedZones) != 0 {
 		t.Fatalf("an older control plane's view: drain %v, cross_zone %v, drained_zones %v", web.Backends[3].Drain, web.CrossZone, web.DrainedZones)
+	}
+}
+
+// TestForwardingReaders: a view from a control plane that sends no forwarding (an older
+// one) decodes as auto, so a node forwards by DR where it can, as before.
+func TestForwardingReaders(t *testing.T) {
+	f, err := pools.Parse("pools.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, ls := Encode(f, nil)
+	delete(cs[0].Metadata.FilterMetadata[MetadataKey].Fields, "forwarding")
+	for _, e := range ls[0].Endpoints[0].LbEndpoints {
+		delete(e.Metadata.FilterMetadata[MetadataKey].Fields, "forwarding")
+	}
+	c, l := byName(cs, ls)
+	v, err := Decode(c, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := v.File.Service("web")
+	if web.Forwarding != pools.ForwardingAuto {
+		t.Fatalf("no forwarding sent: %q, want auto", web.Forwarding)
+	}
+	for _, b := range web.Backends {
+		if b.Forwarding != "" || web.ForwardingOf(b) != pools.ForwardingAuto {
+			t.Errorf("backend %s: own %q, resolved %q; want none and auto", b.Address, b.Forwarding, web.ForwardingOf(b))
+		}
 	}
 }

@@ -26,7 +26,9 @@ import (
 const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
+               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
+               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
                                                    the view from a control plane (stickylb xds)
   stickylb xdp stats --iface IF [--pin-root DIR]
@@ -57,6 +59,8 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
 	fs.StringVar(&xn.cert, "xds-cert", "", "client certificate (PEM) for mTLS")
 	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
+	var nat natFlags
+	nat.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -78,7 +82,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"
 	}
 	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot, Zone: xn.zone,
-		Tables: l4xdp.Options{ConnTableSize: uint32(*tableSize), InsertCap: capOpt}}
+		Tables: l4xdp.Options{ConnTableSize: uint32(*tableSize), InsertCap: capOpt}, NAT: nat.config()}
 	switch sub {
 	case "detach":
 		if err := l4xdp.Detach(cfg); err != nil {

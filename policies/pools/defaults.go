@@ -17,6 +17,8 @@ package pools
 //	                           (the one hash Caddy, Envoy and gRPC share);
 //	                           weighted_least_conn otherwise
 //	idle_timeout               vip services: udp 300s, tcp 900s
+//	forwarding                 vip services: auto (a backend without its own
+//	                           inherits the service's)
 //	hash.table_size            maglev, and vip services of any balance
 //	                           (their Maglev table of moved flows): 65537
 //	hash.min/max_ring_size     maglev and ring_hash: 1024 / 4096 (gRPC's cap)
@@ -38,6 +40,9 @@ func applyDefaults(s *Service, given func(path string) bool) {
 	defaultAffinity(&s.Affinity)
 	defaultBalance(s)
 	defaultProbes(s, given)
+	if s.VIP != "" && s.Forwarding == "" {
+		s.Forwarding = ForwardingAuto
+	}
 	if !given("cross_zone") {
 		s.CrossZone = true
 	}

@@ -327,6 +327,12 @@ const (
 	ForwardingNAT Forwarding = "nat"
 )
 
+// Known reports whether f is one of the forwarding modes ("" is not: it means "not
+// written", which a backend inherits and a service reads as auto).
+func (f Forwarding) Known() bool {
+	return f == ForwardingAuto || f == ForwardingDR || f == ForwardingNAT
+}
+
 // ForwardingOf is backend b's forwarding: its own, else the service's, else auto; auto
 // becomes NAT when b's port differs from the VIP's (direct routing keeps the port), and is
 // left to the loader otherwise.

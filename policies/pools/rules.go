@@ -157,6 +157,9 @@ func (d *decoder) validateServed(st *svcState) {
 	if st.has("idle_timeout") && !st.has("vip") {
 		d.errorf(st.keyPos("idle_timeout"), "idle_timeout applies to vip services (the XDP forwarder's connection table)")
 	}
+	if st.has("forwarding") && !st.has("vip") {
+		d.errorf(st.keyPos("forwarding"), "forwarding applies to vip services (how the XDP forwarder reaches their backends)")
+	}
 	if st.has("vip") && !l4 {
 		d.errorf(st.keyPos("vip"), "vip applies to tcp and udp services (the XDP forwarder is L4); %s is %s", s.Name, s.Protocol)
 	}
@@ -328,7 +331,8 @@ func (d *decoder) validateHealthCheck(st *svcState) {
 }
 
 // validateBackends: at least one; addresses, identities and server ids unique; a vip
-// service's backends on the vip's port and family; MACs only where the forwarder uses them.
+// service's backends in the vip's family, and on its port when forwarded by direct routing;
+// MACs and forwarding only where the forwarder uses them.
 func (d *decoder) validateBackends(st *svcState) {
 	s, a, modeOK := st.s, &st.s.Affinity, st.modeOK()
 	if !st.has("backends") {
@@ -351,8 +355,11 @@ func (d *decoder) validateBackends(st *svcState) {
 				addrs[canon] = b.Line
 			}
 			if hasVIP {
-				if ap.Port() != vip.Port() {
-					d.errorf(fieldPos(bs, "address"), "backend %s: port %d differs from the vip's %d; direct routing keeps the port, so a vip service's backends listen on %d", b.Address, ap.Port(), vip.Port(), vip.Port())
+				// auto with another port is already NAT (ForwardingOf): only an explicit dr
+				// keeps the port. A rejected forwarding value says nothing here.
+				fwdOK := st.good("forwarding") && !bs.bad["forwarding"]
+				if fwdOK && ap.Port() != vip.Port() && s.ForwardingOf(b) == ForwardingDR {
+					d.errorf(fieldPos(bs, "address"), "backend %s: port %d differs from the vip's %d, and direct routing (forwarding: dr) keeps the port; use forwarding: nat or auto, or listen on %d", b.Address, ap.Port(), vip.Port(), vip.Port())
 				}
 				if ap.Addr().Is4() != vip.Addr().Is4() {
 					d.errorf(fieldPos(bs, "address"), "backend %s: not the vip's address family (%s)", b.Address, vip.Addr())
@@ -371,6 +378,7 @@ func (d *decoder) validateBackends(st *svcState) {
 		if b.MAC != "" && !hasVIP && st.good("vip") {
 			d.errorf(fieldPos(bs, "mac"), "backend mac applies to vip services (the XDP forwarder rewrites MACs)")
 		}
+		d.checkBackendForwarding(st, bs, hasVIP)
 		if b.ServerID != 0 {
 			if line, dup := serverIDs[b.ServerID]; dup {
 				d.errorf(fieldPos(bs, "server_id"), "server_id %d already used at line %d", b.ServerID, line)
@@ -381,6 +389,18 @@ func (d *decoder) validateBackends(st *svcState) {
 				d.warnf(fieldPos(bs, "server_id"), "server_id is read only in affinity mode quic_cid")
 			}
 		}
+	}
+}
+
+// checkBackendForwarding: a backend's forwarding only where there is a vip, and a mac only
+// where it is used (a NAT backend's next hop comes from the routing table).
+func (d *decoder) checkBackendForwarding(st *svcState, bs *backendState, hasVIP bool) {
+	b := bs.b
+	if _, given := bs.given["forwarding"]; given && !hasVIP && st.good("vip") {
+		d.errorf(fieldPos(bs, "forwarding"), "backend forwarding applies to vip services (how the XDP forwarder reaches their backends)")
+	}
+	if b.MAC != "" && hasVIP && b.Address != "" && st.good("forwarding") && !bs.bad["forwarding"] && st.s.ForwardingOf(b) == ForwardingNAT {
+		d.warnf(fieldPos(bs, "mac"), "backend %s: mac is not used by NAT forwarding (the next hop comes from the routing table)", b.Address)
 	}
 }
 

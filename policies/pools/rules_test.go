@@ -151,7 +151,14 @@ func TestEveryRule(t *testing.T) {
 		{"mac without vip", http("    backends: [{address: 10.0.0.1:80, mac: \"02:00:00:00:00:01\"}]\n"), "4:44", "backend mac applies to vip services"},
 		{"address twice", http("    backends:\n      - {address: 10.0.0.1:80}\n      - {address: 10.0.0.1:80, hash_key: x}\n"), "6:9", "backend 10.0.0.1:80: address listed twice in service s (first at line 5)"},
 		{"identity twice", http("    backends:\n      - {address: 10.0.0.1:80, hash_key: k}\n      - {address: 10.0.0.2:80, hash_key: k}\n"), "6:9", "backend 10.0.0.2:80: identity \"k\" already used at line 5"},
-		{"vip port differs", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    backends: [{address: 10.0.0.1:8443}]\n"), "5:26", "backend 10.0.0.1:8443: port 8443 differs from the vip's 443"},
+		{"vip port differs under dr", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    forwarding: dr\n    backends: [{address: 10.0.0.1:8443}]\n"), "6:26", "backend 10.0.0.1:8443: port 8443 differs from the vip's 443, and direct routing (forwarding: dr) keeps the port; use forwarding: nat or auto, or listen on 443"},
+		{"vip port differs under the backend's dr", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    forwarding: nat\n    backends: [{address: 10.0.0.1:8443, forwarding: dr}]\n"), "6:26", "backend 10.0.0.1:8443: port 8443 differs from the vip's 443, and direct routing (forwarding: dr) keeps the port; use forwarding: nat or auto"},
+		{"bad forwarding", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    forwarding: nta\n    backends: [{address: 10.0.0.1:443}]\n"), "5:17", "forwarding \"nta\": want auto, dr or nat (did you mean \"nat\"?)"},
+		{"forwarding in capitals", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    forwarding: DR\n    backends: [{address: 10.0.0.1:443}]\n"), "5:17", "forwarding \"DR\": want auto, dr or nat (did you mean \"dr\"?)"},
+		{"forwarding not a string", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    forwarding: [nat]\n    backends: [{address: 10.0.0.1:443}]\n"), "5:17", "forwarding: want a string, got a list"},
+		{"bad backend forwarding", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    backends: [{address: 10.0.0.1:443, forwarding: snat}]\n"), "5:52", "forwarding \"snat\": want auto, dr or nat (did you mean \"nat\"?)"},
+		{"forwarding without vip", svc("    protocol: tcp\n    listen: 0.0.0.0:443\n    forwarding: nat\n    backends: [{address: 10.0.0.1:443}]\n"), "5:5", "forwarding applies to vip services"},
+		{"backend forwarding without vip", http("    backends: [{address: 10.0.0.1:80, forwarding: nat}]\n"), "4:51", "backend forwarding applies to vip services"},
 		{"vip family differs", svc("    protocol: tcp\n    vip: 10.9.9.9:443\n    backends: [{address: \"[2001:db8::1]:443\"}]\n"), "5:26", "backend [2001:db8::1]:443: not the vip's address family (10.9.9.9)"},
 		{"drain not boolean", http("    backends: [{address: 10.0.0.1:80, drain: 1}]\n"), "4:46", "drain: want true or false, got integer 1"},
 	}
@@ -183,6 +190,7 @@ func TestEveryWarning(t *testing.T) {
 		{"grpc big ring", "services:\n  - {name: g, protocol: grpc, balance: ring_hash, hash: {max_ring_size: 8192}, backends: [{address: 10.0.0.1:80}]}\n", "2:73", "gRPC caps rings at 4096 entries"},
 		{"server_id outside quic", "services:\n  - {name: g, protocol: http, backends: [{address: 10.0.0.1:80, server_id: 1}]}\n", "2:76", "server_id is read only in affinity mode quic_cid"},
 		{"drained zone without backends", "services:\n  - {name: g, protocol: http, drained_zones: [z], backends: [{address: 10.0.0.1:80, zone: a}]}\n", "2:46", "drained zone \"z\": no backend of g is in it"},
+		{"mac of a nat backend", "services:\n  - {name: g, protocol: tcp, vip: 10.9.9.9:80, forwarding: nat, backends: [{address: 10.0.0.1:80, mac: \"02:00:00:00:00:01\"}]}\n", "2:104", "backend 10.0.0.1:80: mac is not used by NAT forwarding"},
 		{"everything drained", "services:\n  - {name: g, protocol: http, drained_zones: [a], backends: [{address: 10.0.0.1:80, zone: a}]}\n", "2:46", "every backend of g is drained"},
 	}
 	for _, tc := range cases {

@@ -17,7 +17,7 @@ import (
 // a test holds the two together.
 var schema = map[string][]string{
 	pathFile:        {"services"},
-	pathService:     {"name", "protocol", "listen", "vip", "idle_timeout", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "backends"},
+	pathService:     {"name", "protocol", "listen", "vip", "idle_timeout", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "forwarding", "backends"},
 	pathAffinity:    {"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"},
 	pathCookie:      {"name", "path"},
 	pathAppCookie:   {"name", "mode"},
@@ -27,7 +27,7 @@ var schema = map[string][]string{
 	pathHash:        {"table_size", "min_ring_size", "max_ring_size", "virtual_nodes", "bounded_load"},
 	pathSlowStart:   {"window", "aggression", "min_weight_percent"},
 	pathHealthCheck: {"protocol", "path", "expect_status", "port", "interval", "timeout", "healthy_threshold", "unhealthy_threshold"},
-	pathBackend:     {"address", "weight", "zone", "hash_key", "server_id", "mac", "drain"},
+	pathBackend:     {"address", "weight", "zone", "hash_key", "server_id", "mac", "drain", "forwarding"},
 }
 
 // The paths of schema.
@@ -154,6 +154,13 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 		d.decodeHealthCheck(st, f)
 	}
 	d.decodeZones(st, fs)
+	if f, ok := fs["forwarding"]; ok {
+		if v, ok := d.forwarding(f); ok {
+			st.s.Forwarding = v
+		} else {
+			st.bad["forwarding"] = true
+		}
+	}
 	d.decodeBackends(st, fs)
 
 	applyDefaults(st.s, st.has)
@@ -753,10 +760,17 @@ func (d *decoder) decodeBackendIdentity(bs *backendState, fs map[string]field) {
 	}
 }
 
-// decodeBackendForwarding decodes what the forwarder needs: mac, drain.
+// decodeBackendForwarding decodes what the forwarder needs: mac, drain, forwarding.
 func (d *decoder) decodeBackendForwarding(bs *backendState, fs map[string]field) {
 	b := bs.b
 	fail := func(name string) { bs.bad[name] = true }
+	if f, ok := fs["forwarding"]; ok {
+		if v, ok := d.forwarding(f); ok {
+			b.Forwarding = v
+		} else {
+			fail("forwarding")
+		}
+	}
 	if f, ok := fs["mac"]; ok {
 		if v, ok := d.str(f); ok && d.checkMAC(f.val, v) {
 			b.MAC = v
@@ -771,6 +785,19 @@ func (d *decoder) decodeBackendForwarding(bs *backendState, fs map[string]field)
 			fail("drain")
 		}
 	}
+}
+
+// forwarding decodes a forwarding field (a service's or a backend's).
+func (d *decoder) forwarding(f field) (Forwarding, bool) {
+	v, ok := d.str(f)
+	if !ok {
+		return "", false
+	}
+	if !Forwarding(v).Known() {
+		d.errorf(f.val, "forwarding %q: want auto, dr or nat%s", v, suggestValue(v, []string{string(ForwardingAuto), string(ForwardingDR), string(ForwardingNAT)}))
+		return "", false
+	}
+	return Forwarding(v), true
 }
 
 // intIn decodes an integer field that must lie in lo..hi; one outside is reported with

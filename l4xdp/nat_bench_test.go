@@ -80,7 +80,7 @@ func (lt *liveTopo) useHeaderGenerator() {
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"), // XDP_ABORTED
 		asm.Return(),
 	)
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL", Instructions: insns})
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "GPL", Instructions: insns})
 	if err != nil {
 		lt.tb.Fatalf("loading the header generator: %v", err)
 	}
@@ -137,7 +137,7 @@ func restoring(tb testing.TB, pkt []byte, target *ebpf.Program) *ebpf.Program {
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"), // XDP_ABORTED: the tail call failed
 		asm.Return(),
 	)
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL", Instructions: insns})
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "GPL", Instructions: insns})
 	if err != nil {
 		tb.Fatalf("loading the restoring program: %v", err)
 	}

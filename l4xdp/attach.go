@@ -67,11 +67,11 @@ const (
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config
 // (written from its flags) and the per-CPU insert budgets.
-var transientMaps = []string{"config", "insert_budget", "sched_pos"}
+var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch"}
 
 // pinned maps: the state a restarted loader adopts.
 var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
-	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones"}
+	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones", "nat_rev"}
 
 func (c Config) pinDir() string {
 	root := c.PinRoot
@@ -87,6 +87,9 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	ifc, err := net.InterfaceByName(cfg.Iface)
 	if err != nil {
 		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
+	}
+	if err := cfg.NAT.Validate(); err != nil {
+		return nil, err
 	}
 	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
 		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
@@ -113,7 +116,15 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		m.Close()
 	}
 	l.fw = fw
-	if err := fw.configure(cfg.Tables); err != nil {
+	if err := fw.configure(cfg.Tables, cfg.NAT); err != nil {
+		fw.Close()
+		return nil, err
+	}
+	if err := l.reservePorts(); err != nil {
+		fw.Close()
+		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
+	}
+	if err := l.enableForwarding(); err != nil {
 		fw.Close()
 		return nil, err
 	}
@@ -194,7 +205,7 @@ func mapByName(fw *Tables, name string) *ebpf.Map {
 	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
 		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
 		"vip_names": m.VipNames, "backend_names": m.BackendNames, "schedules": m.Schedules, "wlc_pools": m.WlcPools,
-		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones}[name]
+		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones, "nat_rev": m.NatRev}[name]
 }
 
 // Close stops the health checkers and releases this process's handles. The link and maps
@@ -213,7 +224,7 @@ func Detach(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("no stickylb forwarder pinned for %s: %w", cfg.Iface, err)
 	}
-	errs := []error{lnk.Unpin(), lnk.Close()}
+	errs := []error{lnk.Unpin(), lnk.Close(), releasePorts(dir)}
 	for _, name := range pinnedMaps {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)

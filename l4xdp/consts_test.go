@@ -56,6 +56,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 	cf := enum("conn_flags")
 	want("C_COUNTED", cf["C_COUNTED"], connCounted)
 	want("C_SYN", cf["C_SYN"], connSYN)
+	want("C_NAT", cf["C_NAT"], connNAT)
 	var pool *btf.Struct
 	if err := spec.Types.TypeByName("wlc_pool", &pool); err != nil {
 		t.Fatal(err)
@@ -64,6 +65,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 	bf := enum("backend_flags")
 	want("B_ALIVE", bf["B_ALIVE"], backendAlive)
 	want("B_DOWN", bf["B_DOWN"], backendDown)
+	want("B_NAT", bf["B_NAT"], backendNAT)
 
 	size := func(name string) uint64 {
 		t.Helper()
@@ -84,6 +86,8 @@ func TestCConstantsMatchGo(t *testing.T) {
 	want("schedule entries (MAGLEV_SIZE)", uint64(spec.Maps["schedules"].InnerMap.MaxEntries), MaxTableSize)
 	want("pools' largest vip table", pools.MaxVIPTableSize, MaxTableSize)
 	want("connection table entries", size("conns"), DefaultConnTableSize)
+	want("NAT table entries (as conns)", size("nat_rev"), DefaultConnTableSize)
+	want("NAT sources (MAX_NAT_SOURCES)", size("nat_sources"), 2*maxNATSources)
 	want("TCP idle timeout, s", uint64(pools.DefaultTCPIdleTimeout/time.Second), uint64(defaultTCPIdle/time.Second))
 	want("UDP idle timeout, s", uint64(pools.DefaultUDPIdleTimeout/time.Second), uint64(defaultUDPIdle/time.Second))
 	var name *btf.Struct

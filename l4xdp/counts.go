@@ -76,15 +76,15 @@ func (f *Tables) Recount() error {
 			if c.Flags&connCounted == 0 {
 				continue
 			}
-			to, ok := idle[c.VipId]
-			if !ok || !alive[c.Backend] || gens[c.Backend] != c.Gen {
+			to, ok := idle[uint32(c.VipId)]
+			if !ok || !alive[uint32(c.Backend)] || gens[uint32(c.Backend)] != c.Gen {
 				continue // the program would not use it: its count was reset with its slot
 			}
 			if now > c.LastSeen && now-c.LastSeen > to {
 				expired, expiredConn = append(expired, k), append(expiredConn, c)
 				continue
 			}
-			counted[c.Backend]++
+			counted[uint32(c.Backend)]++
 		}
 	}
 	for i, k := range expired {

@@ -20,7 +20,7 @@ func TestRecount(t *testing.T) {
 	for i := 0; i < live+idle; i++ {
 		k := lbFlow{Proto: 6, Src: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}).As16(), Dst: vip4.As16(),
 			Sport: htons(1000), Dport: htons(9090)}
-		c := lbConn{Backend: uint32(i % 2), VipId: 9, Flags: connCounted, LastSeen: now}
+		c := lbConn{Backend: uint16(i % 2), VipId: 9, Flags: connCounted, LastSeen: now}
 		if i >= live {
 			c.LastSeen = now - 5e9 // idle 5 s, past the 1 s timeout
 		}

@@ -7,6 +7,6 @@ package l4xdp
 //   - pass: the XDP_PASS program of `stickylb xdp pass`;
 //   - testprogs (bindings in a _test.go file, so only test binaries embed it): the
 //     benchmarks' floors, the live-frames generator and sink.
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -mcpu=v3 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type vip_key -type vip_meta -type backend -type flow -type conn -type server_key -type counter -type name -type lb_config -type wlc_pool lb bpf/lb.c -- -I./bpf/headers
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -mcpu=v3 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type vip_key -type vip_meta -type backend -type flow -type conn -type server_key -type counter -type name -type lb_config -type wlc_pool -type nat_key -type nat_entry -type nat_source lb bpf/lb.c -- -I./bpf/headers
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel pass bpf/pass.c -- -I./bpf/headers
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -output-suffix _test -type gen_config -type floor_target testprogs bpf/testprogs.c -- -I./bpf/headers

@@ -16,17 +16,21 @@ import (
 type lbBackend struct {
 	_       structs.HostLayout
 	Mac     [6]uint8
-	Pad     uint16
+	Port    uint16
 	Flags   uint32
 	Ifindex uint32
 	Gen     uint32
+	Addr    [16]uint8
 }
 
 type lbConn struct {
 	_        structs.HostLayout
-	Backend  uint32
+	Backend  uint16
+	NatSrc   uint8
+	Pad      uint8
 	Gen      uint32
-	VipId    uint32
+	VipId    uint16
+	NatPort  uint16
 	Flags    uint32
 	LastSeen uint64
 }
@@ -56,7 +60,10 @@ type lbInsertBudget struct {
 type lbLbConfig struct {
 	_         structs.HostLayout
 	InsertCap uint32
-	Pad       uint32
+	NatPortLo uint16
+	NatPortHi uint16
+	NatV4     uint32
+	NatV6     uint32
 }
 
 type lbLbPath uint32
@@ -79,12 +86,48 @@ const (
 	lbLbPathPATH_WRR            lbLbPath = 14
 	lbLbPathPATH_WLC            lbLbPath = 15
 	lbLbPathPATH_MIDSTREAM      lbLbPath = 16
+	lbLbPathPATH_NAT_FORWARD    lbLbPath = 17
+	lbLbPathPATH_NAT_REPLY      lbLbPath = 18
+	lbLbPathPATH_NAT_NO_PORT    lbLbPath = 19
+	lbLbPathPATH_NAT_NO_ROUTE   lbLbPath = 20
+	lbLbPathPATH_NAT_FRAGMENT   lbLbPath = 21
 	lbLbPathPATH_MAX            lbLbPath = 24
 )
 
 type lbName struct {
 	_ structs.HostLayout
 	S [128]int8
+}
+
+type lbNatEntry struct {
+	_        structs.HostLayout
+	Client   lbFlow
+	PeerMac  [6]uint8
+	OurMac   [6]uint8
+	Ifindex  uint32
+	Timeout  uint32
+	Pad      uint32
+	LastSeen uint64
+}
+
+type lbNatKey struct {
+	_           structs.HostLayout
+	Lb          [16]uint8
+	Backend     [16]uint8
+	LbPort      uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
+type lbNatScratchBytes struct {
+	_ structs.HostLayout
+	B [248]uint8
+}
+
+type lbNatSource struct {
+	_    structs.HostLayout
+	Addr [16]uint8
 }
 
 type lbServerKey struct {
@@ -130,6 +173,9 @@ const (
 	lbMapConns        = "conns"
 	lbMapInsertBudget = "insert_budget"
 	lbMapMaglev       = "maglev"
+	lbMapNatRev       = "nat_rev"
+	lbMapNatScratch   = "nat_scratch"
+	lbMapNatSources   = "nat_sources"
 	lbMapPathStats    = "path_stats"
 	lbMapSchedPos     = "sched_pos"
 	lbMapSchedules    = "schedules"
@@ -201,6 +247,9 @@ type lbMapSpecs struct {
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
 	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
+	NatRev       *ebpf.MapSpec `ebpf:"nat_rev"`
+	NatScratch   *ebpf.MapSpec `ebpf:"nat_scratch"`
+	NatSources   *ebpf.MapSpec `ebpf:"nat_sources"`
 	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
 	SchedPos     *ebpf.MapSpec `ebpf:"sched_pos"`
 	Schedules    *ebpf.MapSpec `ebpf:"schedules"`
@@ -248,6 +297,9 @@ type lbMaps struct {
 	Conns        *ebpf.Map `ebpf:"conns"`
 	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
+	NatRev       *ebpf.Map `ebpf:"nat_rev"`
+	NatScratch   *ebpf.Map `ebpf:"nat_scratch"`
+	NatSources   *ebpf.Map `ebpf:"nat_sources"`
 	PathStats    *ebpf.Map `ebpf:"path_stats"`
 	SchedPos     *ebpf.Map `ebpf:"sched_pos"`
 	Schedules    *ebpf.Map `ebpf:"schedules"`
@@ -271,6 +323,9 @@ func (m *lbMaps) Close() error {
 		m.Conns,
 		m.InsertBudget,
 		m.Maglev,
+		m.NatRev,
+		m.NatScratch,
+		m.NatSources,
 		m.PathStats,
 		m.SchedPos,
 		m.Schedules,

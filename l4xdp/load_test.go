@@ -8,8 +8,16 @@ import (
 )
 
 // loadTables loads the program into the kernel with fresh maps, nothing attached or pinned
-// (the fixtures and benchmarks run it through BPF_PROG_RUN; a loader uses Open).
-func loadTables(o Options) (*Tables, error) {
+// (the fixtures and benchmarks run it through BPF_PROG_RUN; a loader uses Open), and NAT
+// sources and ports when given (at most one n).
+func loadTables(o Options, n ...NAT) (*Tables, error) {
+	var nat NAT
+	if len(n) > 0 {
+		nat = n[0]
+	}
+	if err := nat.Validate(); err != nil {
+		return nil, err
+	}
 	spec, err := o.spec()
 	if err != nil {
 		return nil, err
@@ -22,7 +30,7 @@ func loadTables(o Options) (*Tables, error) {
 		}
 		return nil, fmt.Errorf("loading the XDP program (needs root or CAP_BPF): %w", err)
 	}
-	if err := f.configure(o); err != nil {
+	if err := f.configure(o, nat); err != nil {
 		f.Close()
 		return nil, err
 	}

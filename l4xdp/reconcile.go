@@ -96,13 +96,29 @@ func (l *Loader) applyLocked(f *pools.File) error {
 			all = append(all, b)
 		}
 	}
-	macs, err := l.resolveMACs(all)
+	natted, err := l.planNAT(f, served)
 	if err != nil {
 		return err
 	}
+	var direct, viaNAT []*pools.Backend
+	for _, b := range all {
+		if natted[b] {
+			viaNAT = append(viaNAT, b)
+		} else {
+			direct = append(direct, b)
+		}
+	}
+	macs, err := l.resolveMACs(direct)
+	if err != nil {
+		return err
+	}
+	l.resolveNextHops(viaNAT)
 	for name, ps := range plan {
 		for i := range ps {
 			ps[i].mac = macs[ps[i].b]
+			if natted[ps[i].b] {
+				ps[i].mac = make(net.HardwareAddr, 6) // the FIB gives the next hop
+			}
 		}
 		plan[name] = ps
 	}
@@ -128,6 +144,15 @@ func (l *Loader) applyLocked(f *pools.File) error {
 			bn, _ := toName(p.key)
 			put("naming backend "+p.key, l.fw.objs.BackendNames.Put(p.slot, bn))
 			gen := l.fw.slotGen(p.slot)
+			reach := Backend{NAT: natted[p.b], Addr: p.b.AddrPort()}
+			if wasNAT, addr, port := l.fw.slotReach(p.slot); wasNAT != reach.NAT ||
+				(reach.NAT && (addr != reach.Addr.Addr().Unmap().As16() || port != netOrder(reach.Addr.Port()))) {
+				// Reached another way now (DR <-> NAT): the slot's flows re-pick, as when it
+				// changes hands, rather than follow an entry made for the other way.
+				if !newIndex(l.slots, p.key, p.slot) {
+					gen++
+				}
+			}
 			if newIndex(l.slots, p.key, p.slot) {
 				// The slot changes hands: entries of its previous backend are misses.
 				gen++
@@ -138,7 +163,8 @@ func (l *Loader) applyLocked(f *pools.File) error {
 				}
 			}
 			put("zone of "+p.key, l.fw.setZone(p.slot, p.b.Zone))
-			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down, Gen: gen}))
+			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down, Gen: gen,
+				NAT: reach.NAT, Addr: reach.Addr}))
 			if p.b.ServerID != 0 {
 				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
 				serverIDs[lbServerKey{VipId: id, ServerId: uint32(p.b.ServerID)}] = p.slot

@@ -100,8 +100,8 @@ func (l *Loader) rampDueLocked(now time.Time) bool {
 	return false
 }
 
-// startMaintenanceLocked starts, once, the loop that steps slow-start ramps and recounts
-// active connections; it ends with ctx or Close.
+// startMaintenanceLocked starts, once, the loop that steps slow-start ramps, recounts
+// active connections and sweeps ended NAT flows; it ends with ctx or Close.
 func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 	if l.maintStop != nil {
 		return
@@ -133,6 +133,9 @@ func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 				lastCount = time.Now()
 				if err := l.fw.Recount(); err != nil {
 					l.log.Warn("recounting active connections", zap.Error(err))
+				}
+				if _, err := l.fw.SweepNAT(); err != nil {
+					l.log.Warn("sweeping ended NAT flows", zap.Error(err))
 				}
 			}
 		}

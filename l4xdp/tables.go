@@ -32,7 +32,7 @@ const (
 // `stickylb xdp stats`.
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
 	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic",
-	"wrr", "wlc", "midstream"}
+	"wrr", "wlc", "midstream", "nat_forward", "nat_reply", "nat_no_port", "nat_no_route", "nat_fragment"}
 
 const numPaths = uint32(len(pathNames))
 
@@ -113,12 +113,17 @@ func (o Options) spec() (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("reading the forwarder's object: %w", err)
 	}
 	spec.Maps["conns"].MaxEntries = o.tableSize()
+	spec.Maps["nat_rev"].MaxEntries = o.tableSize()
 	return spec, nil
 }
 
-// configure writes o into the loaded program's config map.
-func (f *Tables) configure(o Options) error {
-	if err := f.objs.Config.Put(uint32(0), lbLbConfig{InsertCap: o.insertCap()}); err != nil {
+// configure writes o and the NAT sources and ports into the loaded program's config.
+func (f *Tables) configure(o Options, n NAT) error {
+	cfg := lbLbConfig{InsertCap: o.insertCap()}
+	if err := f.configureNAT(&cfg, n); err != nil {
+		return err
+	}
+	if err := f.objs.Config.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("writing the forwarder's config: %w", err)
 	}
 	return nil
@@ -234,6 +239,10 @@ type Backend struct {
 	// Gen is the slot's generation: a connection-table entry made for another generation
 	// (the slot's previous backend) is a miss.
 	Gen uint32
+	// NAT: the backend is reached by NAT, at Addr (MAC and Ifindex are then unused: the
+	// next hop comes from the kernel's FIB).
+	NAT  bool
+	Addr netip.AddrPort
 }
 
 // SetBackend installs backend slot idx.
@@ -244,6 +253,11 @@ func (f *Tables) SetBackend(idx uint32, b Backend) error {
 	}
 	copy(v.Mac[:], b.MAC)
 	v.Ifindex, v.Gen = b.Ifindex, b.Gen
+	if b.NAT {
+		v.Flags |= backendNAT
+		v.Addr = b.Addr.Addr().Unmap().As16() // IPv4 as ::ffff:a.b.c.d, as the program's flows
+		v.Port = netOrder(b.Addr.Port())
+	}
 	if b.Alive {
 		v.Flags |= backendAlive
 	}
@@ -251,6 +265,23 @@ func (f *Tables) SetBackend(idx uint32, b Backend) error {
 		v.Flags |= backendDown
 	}
 	return f.objs.Backends.Put(idx, v)
+}
+
+// netOrder is port p as the program holds it: network order in memory.
+func netOrder(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+// slotReach is how slot idx's backend is reached now: by NAT, at which address (a change
+// is a change of hands: the slot's flows re-pick).
+func (f *Tables) slotReach(idx uint32) (nat bool, addr [16]byte, port uint16) {
+	var b lbBackend
+	if err := f.objs.Backends.Lookup(idx, &b); err != nil {
+		return false, addr, 0
+	}
+	return b.Flags&backendNAT != 0, b.Addr, b.Port
 }
 
 // slotGen is slot idx's current generation (0 for a slot never written).

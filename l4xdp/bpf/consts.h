@@ -9,6 +9,10 @@
 #define MAGLEV_SIZE 65537 /* largest table; each VIP's own size is in vip_meta */
 #define MAX_CID 20
 #define NSEC_PER_SEC 1000000000ULL
+#define MAX_NAT_SOURCES 16 /* IPv4 sources at 0..7, IPv6 at 8..15 */
+#define NAT_PROBES 32      /* ports a new NAT flow tries before it is dropped (as Linux's
+			    * NAT gives up after a bounded number of attempts) */
+#define NAT_CLOSING 60     /* seconds a NAT flow may stay idle once a FIN was seen */
 #define WLC_SCAN 16 /* weighted least connections scans pools up to this size; above it, the
 		     * weighted power of two choices */
 
@@ -30,12 +34,14 @@ enum backend_flags {
 		      * UDP flows re-pick, its TCP flows stay (the backend may still answer them).
 		      * A restarted loader reads it back and keeps the backend out of new flows
 		      * until its own checker has seen it. */
+	B_NAT = 4,   /* reached by NAT: destination and source rewritten, replies come back */
 };
 
 /* A connection-table entry's flags. */
 enum conn_flags {
 	C_COUNTED = 1, /* counted in its backend's active connections (weighted least connections) */
-	C_NAT = 2,     /* a NAT flow: its translation lives beside it */
+	C_NAT = 2,     /* a NAT flow: its source is nat_sources[nat_src]:nat_port, and nat_rev
+			* holds the way back */
 	C_SYN = 4,     /* only the client's SYN seen so far: a SYN that finds the entry is a
 			* retransmission and follows it (and counts no second time) */
 };
@@ -62,5 +68,10 @@ enum lb_path {
 	PATH_MIDSTREAM = 16,  /* a TCP non-SYN miss of a WRR/WLC VIP (a flow that moved here from
 			       * another LB node): forwarded by the VIP's Maglev table, on which
 			       * every node agrees */
+	PATH_NAT_FORWARD = 17, /* forwarded to a NAT backend: destination and source rewritten */
+	PATH_NAT_REPLY = 18,   /* a NAT backend's reply, rewritten back to VIP -> client */
+	PATH_NAT_NO_PORT = 19, /* new NAT flow dropped: no free source port (or nat_rev full) */
+	PATH_NAT_NO_ROUTE = 20, /* NAT packet dropped: no route or no neighbour for its next hop */
+	PATH_NAT_FRAGMENT = 21, /* fragment of a NAT backend's VIP: dropped (no ports to rewrite) */
 	PATH_MAX = 24,
 };

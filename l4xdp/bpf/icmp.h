@@ -6,7 +6,8 @@
 
 /* icmp_error routes an ICMP error by the packet it quotes (inf holds the quoted addresses and
  * protocol, inl4 its transport header): the quoted packet went VIP -> client, so its flow is
- * the swap. Errors about no VIP flow pass to the stack. */
+ * the swap; or NAT source -> backend, so the swap is the NAT flow's reply key. Errors about
+ * no VIP or NAT flow pass to the stack. */
 static __always_inline int icmp_error(struct xdp_md *ctx, struct ethhdr *eth, struct flow *inf, void *inl4, __u64 len)
 {
 	void *data_end = (void *)(long)ctx->data_end;
@@ -19,6 +20,10 @@ static __always_inline int icmp_error(struct xdp_md *ctx, struct ethhdr *eth, st
 	__builtin_memcpy(k.addr, inf->dst, 16);
 	struct vip_meta *vm = bpf_map_lookup_elem(&vips, &k);
 	if (!vm) {
+		/* Or about a NAT flow, from the backend's side (it quotes NAT source -> backend). */
+		int r = nat_reply(ctx, inf, T_ICMP, len);
+		if (r >= 0)
+			return r;
 		count(&path_stats, PATH_PASS, len);
 		return XDP_PASS;
 	}

@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
-// stickylb L4 forwarder: direct routing (DR) for TCP/UDP VIPs.
+// stickylb L4 forwarder: direct routing (DR) and NAT for TCP/UDP VIPs.
 //
 // For a packet to a VIP: find the flow in the connection table, else pick a backend from the
 // VIP's Maglev table (built in Go by policies/chash) by a hash of the source address
 // (source_ip), the 5-tuple (none), or the QUIC connection ID (quic_cid); remember the flow
 // (within the per-CPU insert cap);
-// rewrite the MACs and send it back out (XDP_TX) or to the backend's interface. Everything
-// not for a VIP passes to the stack. Every other path (fragments, ICMP errors, malformed
+// rewrite the MACs and send it back out (XDP_TX) or to the backend's interface; a backend
+// off the LB's subnet is reached by NAT (nat.h), its replies rewritten back. Everything
+// else passes to the stack. Every other path (fragments, ICMP errors, malformed
 // headers) is counted in path_stats (enum lb_path in consts.h).
 //
 // Headers by concern, as in Katran: consts.h, structs.h, maps.h (the maps and their counters),
 // parse.h (header parsing), pick.h (hash and Maglev pick), route.h (connection table, DR
-// rewrite), icmp.h (ICMP errors).
+// rewrite), nat.h (NAT: translation, ports, replies), icmp.h (ICMP errors).
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -54,6 +55,10 @@ static __always_inline int fragment(struct xdp_md *ctx, struct ethhdr *eth, stru
 		count(&path_stats, PATH_NO_BACKEND, len);
 		return XDP_DROP;
 	}
+	if (b->flags & B_NAT) { /* no ports in most fragments: nothing to translate by */
+		count(&path_stats, PATH_NAT_FRAGMENT, len);
+		return XDP_DROP;
+	}
 	return forward(ctx, eth, b, bidx, vm->id, len);
 }
 
@@ -81,6 +86,9 @@ static __always_inline int vip_lookup_and_route(struct xdp_md *ctx, struct ethhd
 	__builtin_memcpy(k.addr, f->dst, 16);
 	struct vip_meta *vm = bpf_map_lookup_elem(&vips, &k);
 	if (!vm) {
+		int r = nat_reply(ctx, f, tflags, len);
+		if (r >= 0)
+			return r;
 		count(&path_stats, PATH_PASS, len);
 		return XDP_PASS;
 	}

@@ -106,6 +106,26 @@ struct {
 	__type(value, struct conn);
 } conns SEC(".maps");
 
+/* NAT flows by their reply (LB address and port, backend, protocol): a plain hash, not an
+ * LRU, so a live NAT flow is never evicted; entries idle past their timeout are taken over
+ * by a new flow's port probe and swept by the loader. Sized as conns, allocated as flows
+ * come (a loader with no NAT backend pays no memory for it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 20);
+	__type(key, struct nat_key);
+	__type(value, struct nat_entry);
+} nat_rev SEC(".maps");
+
+/* Written by the loader at start-up from --nat-source (not pinned). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_NAT_SOURCES);
+	__type(key, __u32);
+	__type(value, struct nat_source);
+} nat_sources SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_BACKENDS);

@@ -7,6 +7,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "pick.h"
+#include "nat.h"
 
 /* forward rewrites the frame for backend b (slot bidx) and sends it. */
 static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, const struct backend *b, __u32 bidx,
@@ -83,6 +84,59 @@ static __always_inline void count_active(__u32 slot)
 		__sync_fetch_and_add(a, 1);
 }
 
+/* nat_new starts NAT flow f to backend a->bidx: a port, then the connection entry, both
+ * remembered before the first packet leaves (a NAT flow cannot be forwarded unremembered:
+ * above the insert cap it is dropped). A RST or ICMP error of no known NAT flow has nothing
+ * to be translated by: dropped. Returns -1 with a filled for nat_forward (a->bidx changed
+ * when another CPU started the flow first), or the XDP action of a drop. Not inlined, and
+ * it does not call nat_forward itself: the stack of a call chain is what counts. */
+static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const struct vip_meta *vm, const struct backend *b,
+			      struct nat_args *a)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return XDP_DROP;
+	int tflags = a->tflags;
+	__u64 len = a->len, now = bpf_ktime_get_coarse_ns();
+	if (tflags & T_RST) {
+		count(&path_stats, PATH_TCP_RST, len);
+		return XDP_DROP;
+	}
+	if (tflags & T_ICMP)
+		return XDP_DROP;
+	if (!insert_allowed(now)) {
+		count(&path_stats, PATH_INSERT_REFUSED, len);
+		return XDP_DROP;
+	}
+	__u8 src_idx = 0;
+	__be16 port = 0;
+	if (nat_alloc(ctx, eth, f, b, vm, a->hash, now, &src_idx, &port) < 0) {
+		count(&path_stats, PATH_NAT_NO_PORT, len);
+		return XDP_DROP;
+	}
+	struct conn nc = {.backend = a->bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now, .nat_src = src_idx,
+			  .nat_port = port, .flags = C_NAT | ((tflags & T_FIN) ? 0 : C_COUNTED | ((tflags & T_SYN) ? C_SYN : 0))};
+	if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) != 0) {
+		/* Another CPU started the flow first (the same SYN twice): give the port back and
+		 * go where it went. */
+		nat_release(&nc, b, f);
+		struct conn *o = bpf_map_lookup_elem(&conns, f);
+		if (!o || !(o->flags & C_NAT)) {
+			count(&path_stats, PATH_NAT_NO_PORT, len);
+			return XDP_DROP;
+		}
+		a->bidx = o->backend;
+		a->src_idx = o->nat_src;
+		a->port = o->nat_port;
+		return -1;
+	}
+	if (nc.flags & C_COUNTED)
+		count_active(a->bidx);
+	a->src_idx = src_idx;
+	a->port = port;
+	return -1;
+}
+
 /* route sends a flow of a VIP: connection table first, then the pick. A SYN uses its entry
  * only while that entry holds a handshake in progress (C_SYN) to a backend that still takes
  * new flows: a retransmitted SYN; a new connection that reuses a 5-tuple re-picks, as in Katran, so it
@@ -110,10 +164,22 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		    (!(c->flags & C_SYN) || !(c->flags & C_COUNTED) || weight_of(bidx) == 0 ||
 		     ((b->flags & B_DOWN) && !(vm->flags & F_PANIC))))
 			usable = 0;
+		/* A NAT flow's entry holds while the backend is still reached by NAT and, checked at
+		 * each refresh (a port idle past its timeout may have gone to another flow), its
+		 * reply entry is still its own. */
+		if (usable && !(c->flags & C_NAT) != !(b->flags & B_NAT))
+			usable = 0;
+		if (usable && (c->flags & C_NAT) && !(tflags & T_ICMP) &&
+		    ((tflags & T_FIN) || now > c->last_seen + NSEC_PER_SEC) && !nat_refresh(c, b, f, now, tflags & T_FIN))
+			usable = 0;
 		if (usable) {
 			count(&path_stats, PATH_CONN_HIT, len);
+			__u32 nat_src = c->nat_src;
+			__be16 nat_port = c->nat_port;
+			int nat = c->flags & C_NAT;
 			if (rst) {
 				count(&path_stats, PATH_TCP_RST, len);
+				nat_release(c, b, f);
 				uncount(c, b);
 				bpf_map_delete_elem(&conns, f);
 			} else if (!(tflags & T_ICMP)) {
@@ -126,10 +192,16 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 			}
 			if (vm->flags & F_PANIC)
 				count(&path_stats, PATH_PANIC, len);
+			if (nat) {
+				struct nat_args a = {.bidx = bidx, .vip_id = vm->id, .src_idx = nat_src, .port = nat_port,
+						     .tflags = tflags, .len = len};
+				return nat_forward(ctx, f, b, &a);
+			}
 			return forward(ctx, eth, b, bidx, vm->id, len);
 		}
 		count(&path_stats, PATH_CONN_STALE, len);
 		if (!(tflags & T_ICMP)) {
+			nat_release(c, b, f);
 			uncount(c, b);
 			bpf_map_delete_elem(&conns, f);
 		}
@@ -171,6 +243,24 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	if (!b || !(b->flags & B_ALIVE)) {
 		count(&path_stats, PATH_NO_BACKEND, len);
 		return XDP_DROP;
+	}
+	if (b->flags & B_NAT) {
+		struct nat_args a = {.bidx = bidx, .vip_id = vm->id, .tflags = tflags, .len = len,
+				     .hash = (vm->flags & (F_SRC_IP | F_QUIC | F_WRR | F_WLC)) ? hash_flow(f, 0) : h};
+		int r = nat_new(ctx, f, vm, b, &a);
+		if (r >= 0)
+			return r;
+		if (a.bidx != bidx) {
+			bidx = a.bidx;
+			b = bpf_map_lookup_elem(&backends, &bidx);
+			if (!b || !(b->flags & B_NAT)) {
+				count(&path_stats, PATH_NAT_NO_PORT, len);
+				return XDP_DROP;
+			}
+		}
+		if (vm->flags & F_PANIC)
+			count(&path_stats, PATH_PANIC, len);
+		return nat_forward(ctx, f, b, &a);
 	}
 	if (rst) {
 		count(&path_stats, PATH_TCP_RST, len);

@@ -31,10 +31,11 @@ struct wlc_pool {
 
 struct backend {
 	__u8 mac[6];
-	__u16 pad;
+	__be16 port;   /* B_NAT: the backend's port */
 	enum backend_flags flags;
 	__u32 ifindex; /* 0: XDP_TX out of the ingress interface */
 	__u32 gen;     /* bumped by the loader each time the slot changes hands */
+	__u8 addr[16]; /* B_NAT: the backend's address (IPv4 as ::ffff:a.b.c.d) */
 };
 
 struct flow {
@@ -48,21 +49,55 @@ struct flow {
 
 /* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
  * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
- * re-picks). Room for what connection counting and NAT need: the flags, and NAT state kept
- * in a map of its own. */
+ * re-picks). 24 bytes, laid out so that entries of the loader before NAT (a 32-bit slot and
+ * VIP id, both small) read the same on little-endian. */
 struct conn {
-	__u32 backend;         /* slot */
+	__u16 backend;         /* slot */
+	__u8 nat_src;          /* C_NAT: index in nat_sources */
+	__u8 pad;
 	__u32 gen;             /* the slot's generation when the flow was pinned to it */
-	__u32 vip_id;
+	__u16 vip_id;
+	__be16 nat_port;       /* C_NAT: the flow's source port toward the backend */
 	enum conn_flags flags;
 	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of a recent packet (refreshed at most
 				* once a second: a write dirties a line every CPU reads) */
 };
 
+/* nat_rev's key: a NAT flow as the backend's replies carry it. Ports are allocated per
+ * (LB address, backend, protocol): the same port serves flows to different backends. */
+struct nat_key {
+	__u8 lb[16];
+	__u8 backend[16];
+	__be16 lb_port;
+	__be16 backend_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* The way back of a NAT flow. */
+struct nat_entry {
+	struct flow client;   /* the flow as the client sent it (client -> VIP) */
+	__u8 peer_mac[6];     /* the client side's next hop, from the flow's first frame: replies go
+			       * back that way when the FIB has no neighbour for the client */
+	__u8 our_mac[6];
+	__u32 ifindex;        /* where the flow came in */
+	__u32 timeout;        /* idle seconds after which the entry (and its port) is free */
+	__u32 pad;
+	__u64 last_seen;      /* either direction, refreshed at most once a second */
+};
+
+/* A NAT source address. */
+struct nat_source {
+	__u8 addr[16];
+};
+
 /* Written by the loader at start-up (not pinned: each loader writes its own flags). */
 struct lb_config {
 	__u32 insert_cap; /* connection-table inserts a CPU may make per second; 0: no cap */
-	__u32 pad;
+	__u16 nat_port_lo; /* NAT source ports, host order, inclusive */
+	__u16 nat_port_hi;
+	__u32 nat_v4;     /* IPv4 NAT sources (nat_sources[0..nat_v4-1]) */
+	__u32 nat_v6;     /* IPv6 NAT sources (nat_sources[8..8+nat_v6-1]) */
 };
 
 /* A CPU's insert budget: inserts made in the current one-second window. */

@@ -1,0 +1,537 @@
+// SPDX-License-Identifier: GPL-2.0
+// NAT: a flow to a backend off the LB's subnet leaves from a NAT source address and port;
+// the backend's replies, and ICMP errors about the flow, are rewritten back.
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include "bpf_helpers.h"
+#include "bpf_endian.h"
+#include "maps.h"
+#include "parse.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+
+/* Checksums are updated incrementally (RFC 1624: HC' = ~(~HC + ~m + m')), word by word in
+ * the packet's own byte order, which a ones'-complement sum does not care about. */
+
+static __always_inline __u32 csum_words(__u32 acc, const void *from, const void *to, int words)
+{
+	const __u16 *o = from, *n = to;
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		if (i >= words)
+			break;
+		acc += (__u16)~o[i];
+		acc += n[i];
+	}
+	return acc;
+}
+
+static __always_inline __u16 csum_fold(__u32 s)
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)s;
+}
+
+/* csum_apply folds the changes summed in acc into the checksum at *c. */
+static __always_inline void csum_apply(__u16 *c, __u32 acc)
+{
+	*c = ~csum_fold((__u16)~*c + acc);
+}
+
+/* A rewrite: the new source and destination of a packet (addresses as 16 bytes, IPv4
+ * mapped; ports in network order). */
+struct rewrite {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+};
+
+/* A CPU's scratch space for NAT: an XDP program's stack is 512 bytes for its whole call
+ * chain, too few for these beside the forwarding path's own (a program runs to its end on
+ * one CPU before the next packet there, so one slot per CPU is enough). */
+struct nat_scratch {
+	struct bpf_fib_lookup fib;
+	struct nat_key k;
+	struct nat_entry e;
+	struct rewrite rw;
+	struct rewrite in;
+};
+
+/* The map's value is opaque bytes: bpf_fib_lookup's anonymous unions have no Go type. */
+struct nat_scratch_bytes {
+	__u8 b[sizeof(struct nat_scratch)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nat_scratch_bytes);
+} nat_scratch SEC(".maps");
+
+static __always_inline struct nat_scratch *scratch(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&nat_scratch, &zero);
+}
+
+/* l4_fix applies acc (the words a rewrite changed) to the TCP or UDP checksum at l4p, when
+ * it lies within the packet (an ICMP error may quote only 8 bytes of TCP), and adds the
+ * checksum's own change to *outer. An IPv4 UDP checksum of 0 (none) stays 0, and a computed 0
+ * is sent as 0xffff, as UDP requires. Each protocol has its own branch: a shared pointer
+ * select is more than the verifier can follow. */
+static __always_inline void l4_fix(void *l4p, void *data_end, __u8 proto, int v6, __u32 acc, __u32 *outer)
+{
+	__u16 old, now;
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *t = l4p;
+		if ((void *)(t + 1) > data_end)
+			return;
+		old = t->check;
+		now = ~csum_fold((__u16)~old + acc);
+		t->check = now;
+	} else {
+		struct udphdr *u = l4p;
+		if ((void *)(u + 1) > data_end)
+			return;
+		old = u->check;
+		if (old == 0 && !v6)
+			return;
+		now = ~csum_fold((__u16)~old + acc);
+		if (now == 0)
+			now = 0xffff;
+		u->check = now;
+	}
+	*outer = csum_words(*outer, &old, &now, 1);
+}
+
+/* rewrite4 rewrites an IPv4 TCP/UDP packet's addresses and ports (ports at l4p) and its
+ * checksums; *icmp_acc, when not NULL, collects every word changed (the ICMP checksum of an
+ * error that quotes this packet covers them). Returns -1 when headers are truncated. */
+static __always_inline int rewrite4(struct iphdr *ip, void *l4p, void *data_end, const struct rewrite *rw,
+				    __u32 *icmp_acc)
+{
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	__be16 *ports = l4p;
+	if ((void *)(ports + 2) > data_end)
+		return -1;
+	__u8 proto = ip->protocol;
+	__u32 addrs = csum_words(0, &ip->saddr, rw->src + 12, 2);
+	addrs = csum_words(addrs, &ip->daddr, rw->dst + 12, 2);
+	__u32 l4acc = csum_words(addrs, &ports[0], &rw->sport, 1);
+	l4acc = csum_words(l4acc, &ports[1], &rw->dport, 1);
+	__u32 acc = l4acc; /* for an enclosing ICMP checksum */
+	l4_fix(l4p, data_end, proto, 0, l4acc, &acc);
+	__u16 oldip = ip->check;
+	csum_apply(&ip->check, addrs);
+	acc = csum_words(acc, &oldip, &ip->check, 1);
+	__builtin_memcpy(&ip->saddr, rw->src + 12, 4);
+	__builtin_memcpy(&ip->daddr, rw->dst + 12, 4);
+	ports[0] = rw->sport;
+	ports[1] = rw->dport;
+	if (icmp_acc)
+		*icmp_acc += acc;
+	return 0;
+}
+
+/* rewrite6 is rewrite4 for IPv6 (no header checksum; the pseudo-header is in TCP/UDP's). */
+static __always_inline int rewrite6(struct ipv6hdr *ip, void *l4p, void *data_end, __u8 proto,
+				    const struct rewrite *rw, __u32 *icmp_acc)
+{
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	__be16 *ports = l4p;
+	if ((void *)(ports + 2) > data_end)
+		return -1;
+	__u32 acc = csum_words(0, &ip->saddr, rw->src, 8);
+	acc = csum_words(acc, &ip->daddr, rw->dst, 8);
+	acc = csum_words(acc, &ports[0], &rw->sport, 1);
+	acc = csum_words(acc, &ports[1], &rw->dport, 1);
+	__u32 all = acc;
+	l4_fix(l4p, data_end, proto, 1, acc, &all);
+	__builtin_memcpy(&ip->saddr, rw->src, 16);
+	__builtin_memcpy(&ip->daddr, rw->dst, 16);
+	ports[0] = rw->sport;
+	ports[1] = rw->dport;
+	if (icmp_acc)
+		*icmp_acc += all;
+	return 0;
+}
+
+/* nat_send sends a rewritten packet to its next hop, found by the kernel's FIB from the
+ * packet's new addresses: out of the ingress interface (XDP_TX) or redirected to another.
+ * When the FIB knows the route but not the neighbour, back names where the flow came from
+ * (its first frame's MACs and interface): replies go back that way; else the packet is
+ * dropped and counted (the loader keeps the next hops of NAT backends resolved). */
+static __always_inline int nat_send(struct xdp_md *ctx, struct ethhdr *eth, int v6, const __u8 *src, const __u8 *dst,
+				    const struct nat_entry *back, __u64 len)
+{
+	struct nat_scratch *sc = scratch();
+	if (!sc)
+		return XDP_DROP;
+	struct bpf_fib_lookup *p = &sc->fib;
+	__builtin_memset(p, 0, sizeof(*p));
+	p->ifindex = ctx->ingress_ifindex;
+	if (v6) {
+		p->family = AF_INET6;
+		__builtin_memcpy(p->ipv6_src, src, 16);
+		__builtin_memcpy(p->ipv6_dst, dst, 16);
+	} else {
+		p->family = AF_INET;
+		__builtin_memcpy(&p->ipv4_src, src + 12, 4);
+		__builtin_memcpy(&p->ipv4_dst, dst + 12, 4);
+	}
+	long rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		__builtin_memcpy(eth->h_dest, p->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, p->smac, ETH_ALEN);
+		if (p->ifindex == ctx->ingress_ifindex)
+			return XDP_TX;
+		return bpf_redirect(p->ifindex, 0);
+	}
+	if (back && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		__builtin_memcpy(eth->h_dest, back->peer_mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, back->our_mac, ETH_ALEN);
+		if (back->ifindex == ctx->ingress_ifindex)
+			return XDP_TX;
+		return bpf_redirect(back->ifindex, 0);
+	}
+	count(&path_stats, PATH_NAT_NO_ROUTE, len);
+	return XDP_DROP;
+}
+
+static __always_inline struct lb_config *lb_config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+/* nat_key_of is the reply key of a NAT flow leaving from src:port to backend b. */
+static __always_inline void nat_key_of(struct nat_key *k, const __u8 *src, __be16 port, const struct backend *b, __u8 proto)
+{
+	__builtin_memcpy(k->lb, src, 16);
+	__builtin_memcpy(k->backend, b->addr, 16);
+	k->lb_port = port;
+	k->backend_port = b->port;
+	k->proto = proto;
+}
+
+/* nat_alloc gives a new flow f to backend b a source address and port: the address by a hash
+ * of the flow among the sources of b's family, the port by probing from a hashed start; an
+ * entry idle past its timeout is taken over. Returns 0 and fills *src_idx, *port, or -1 when
+ * no port is free within NAT_PROBES tries (or nat_rev is full). */
+static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, const struct flow *f, const struct backend *b,
+				     const struct vip_meta *vm, __u32 h, __u64 now, __u8 *src_idx, __be16 *port)
+{
+	struct lb_config *cfg = lb_config();
+	if (!cfg)
+		return -1;
+	/* A NAT backend is of its VIP's family (the loader checks it). */
+	int v6 = eth->h_proto == bpf_htons(ETH_P_IPV6);
+	__u32 n = v6 ? cfg->nat_v6 : cfg->nat_v4;
+	if (n == 0 || n > MAX_NAT_SOURCES / 2)
+		return -1;
+	__u32 idx = (h % n) + (v6 ? MAX_NAT_SOURCES / 2 : 0);
+	struct nat_source *ns = bpf_map_lookup_elem(&nat_sources, &idx);
+	if (!ns)
+		return -1;
+	__u32 lo = cfg->nat_port_lo, hi = cfg->nat_port_hi;
+	if (lo == 0 || hi < lo)
+		return -1;
+	__u32 span = hi - lo + 1;
+	__u32 start = (h >> 7) % span;
+	struct nat_scratch *sc = scratch();
+	if (!sc)
+		return -1;
+	struct nat_entry *e = &sc->e;
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ifindex = ctx->ingress_ifindex;
+	e->timeout = vm->idle_timeout;
+	e->last_seen = now;
+	__builtin_memcpy(&e->client, f, sizeof(e->client));
+	__builtin_memcpy(e->peer_mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(e->our_mac, eth->h_dest, ETH_ALEN);
+	struct nat_key *k = &sc->k;
+	__builtin_memset(k, 0, sizeof(*k));
+	nat_key_of(k, ns->addr, 0, b, f->proto);
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < NAT_PROBES && i < span; i++) {
+		k->lb_port = bpf_htons(lo + (start + i) % span);
+		if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0) {
+			*src_idx = idx;
+			*port = k->lb_port;
+			return 0;
+		}
+		struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
+		if (o && now > o->last_seen && now - o->last_seen > (__u64)o->timeout * NSEC_PER_SEC) {
+			/* Idle past its timeout: the port is free. Of CPUs racing for it, the one
+			 * whose insert succeeds takes it. */
+			bpf_map_delete_elem(&nat_rev, k);
+			if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0) {
+				*src_idx = idx;
+				*port = k->lb_port;
+				return 0;
+			}
+		}
+	}
+	return -1;
+}
+
+/* flow_eq compares two flow keys (no memcmp in BPF; a flow is 2-byte aligned). */
+static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
+{
+	const __u16 *x = (const void *)a, *y = (const void *)b;
+	__u16 d = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(struct flow) / 2); i++)
+		d |= x[i] ^ y[i];
+	return d == 0;
+}
+
+/* nat_rev_of finds the reply entry of NAT flow c (to backend b), NULL if gone; *kp is left
+ * pointing at its key. */
+static __always_inline struct nat_entry *nat_rev_of(const struct conn *c, const struct backend *b, __u8 proto,
+						    struct nat_key **kp)
+{
+	__u32 idx = c->nat_src;
+	struct nat_source *ns = bpf_map_lookup_elem(&nat_sources, &idx);
+	struct nat_scratch *sc = scratch();
+	if (!ns || !sc)
+		return NULL;
+	struct nat_key *k = &sc->k;
+	__builtin_memset(k, 0, sizeof(*k));
+	nat_key_of(k, ns->addr, c->nat_port, b, proto);
+	*kp = k;
+	return bpf_map_lookup_elem(&nat_rev, k);
+}
+
+/* nat_release frees the port of NAT flow c (its reply entry), if it is still the flow's. */
+static __noinline void nat_release(const struct conn *c, const struct backend *b, const struct flow *f)
+{
+	if (!(c->flags & C_NAT) || !b)
+		return;
+	struct nat_key *k = NULL;
+	struct nat_entry *e = nat_rev_of(c, b, f->proto, &k);
+	if (e && k && flow_eq(&e->client, f))
+		bpf_map_delete_elem(&nat_rev, k);
+}
+
+/* nat_refresh is the connection-table refresh of a NAT flow (at most once a second): its
+ * reply entry must still be the flow's (a port idle past its timeout may have gone to
+ * another flow; then the entry is stale: returns 0), and is refreshed too; a FIN shortens its
+ * timeout to NAT_CLOSING. */
+static __noinline int nat_refresh(const struct conn *c, const struct backend *b, const struct flow *f, __u64 now,
+				  int fin)
+{
+	struct nat_key *k = NULL;
+	struct nat_entry *e = nat_rev_of(c, b, f->proto, &k);
+	if (!e || !flow_eq(&e->client, f))
+		return 0;
+	e->last_seen = now;
+	if (fin && e->timeout > NAT_CLOSING)
+		e->timeout = NAT_CLOSING;
+	return 1;
+}
+
+/* icmp_translate rewrites an ICMP error about a NAT flow: the outer header to osrc -> odst,
+ * the packet it quotes to rw (its ports included), with every checksum on the way (outer IP,
+ * quoted IP, quoted TCP/UDP when quoted in full, and the ICMP one, which covers them all and,
+ * for ICMPv6, the outer addresses). Returns -1 when headers are truncated. */
+static __always_inline int icmp_translate(struct xdp_md *ctx, struct ethhdr *eth, const __u8 *osrc, const __u8 *odst,
+					  const struct rewrite *rw)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end || ip->ihl < 5)
+			return -1;
+		struct icmphdr *ic = (void *)ip + ip->ihl * 4;
+		if ((void *)(ic + 1) > data_end)
+			return -1;
+		struct iphdr *in = (void *)(ic + 1);
+		if ((void *)(in + 1) > data_end || in->ihl < 5)
+			return -1;
+		__u32 acc = 0;
+		if (rewrite4(in, (void *)in + in->ihl * 4, data_end, rw, &acc) < 0)
+			return -1;
+		csum_apply(&ic->checksum, acc);
+		__u32 o = csum_words(0, &ip->saddr, osrc + 12, 2);
+		o = csum_words(o, &ip->daddr, odst + 12, 2);
+		csum_apply(&ip->check, o);
+		__builtin_memcpy(&ip->saddr, osrc + 12, 4);
+		__builtin_memcpy(&ip->daddr, odst + 12, 4);
+		return 0;
+	}
+	struct ipv6hdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	struct icmp6hdr *ic = (void *)(ip + 1);
+	if ((void *)(ic + 1) > data_end)
+		return -1;
+	struct ipv6hdr *in = (void *)(ic + 1);
+	if ((void *)(in + 1) > data_end)
+		return -1;
+	__u32 acc = csum_words(0, &ip->saddr, osrc, 8);
+	acc = csum_words(acc, &ip->daddr, odst, 8);
+	if (rewrite6(in, in + 1, data_end, in->nexthdr, rw, &acc) < 0)
+		return -1;
+	csum_apply(&ic->icmp6_cksum, acc);
+	__builtin_memcpy(&ip->saddr, osrc, 16);
+	__builtin_memcpy(&ip->daddr, odst, 16);
+	return 0;
+}
+
+/* What nat_forward needs besides the flow and backend (a BPF function takes 5 arguments). */
+struct nat_args {
+	__u32 bidx;
+	__u32 vip_id;
+	__u32 src_idx;
+	__be16 port;
+	__u16 pad;
+	int tflags;
+	__u32 hash; /* the flow's 5-tuple hash (nat_new: where its port search starts) */
+	__u64 len;
+};
+
+/* nat_forward sends a packet of NAT flow f (source nat_sources[a->src_idx]:a->port) to
+ * backend b: a data packet is rewritten to source -> backend; an ICMP error from the client's
+ * side (T_ICMP: it quotes VIP -> client) to source -> backend quoting backend -> source. A
+ * function of its own (not inlined): its stack is not added to every path's. */
+static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, const struct backend *b,
+				  const struct nat_args *a)
+{
+	void *data = (void *)(long)ctx->data;
+	struct ethhdr *eth = data;
+	__u64 len = a->len;
+	__u32 src_idx = a->src_idx, bidx = a->bidx, vip_id = a->vip_id;
+	__be16 port = a->port;
+	int tflags = a->tflags;
+	void *data_end = (void *)(long)ctx->data_end;
+	if ((void *)(eth + 1) > data_end)
+		return XDP_DROP;
+	struct nat_source *ns = bpf_map_lookup_elem(&nat_sources, &src_idx);
+	if (!ns) {
+		count(&path_stats, PATH_NAT_NO_PORT, len);
+		return XDP_DROP;
+	}
+	int v6 = eth->h_proto == bpf_htons(ETH_P_IPV6);
+	struct nat_scratch *sc = scratch();
+	if (!sc)
+		return XDP_DROP;
+	struct rewrite *rw = &sc->rw;
+	__builtin_memcpy(rw->src, ns->addr, 16);
+	__builtin_memcpy(rw->dst, b->addr, 16);
+	rw->sport = port;
+	rw->dport = b->port;
+	int r;
+	if (tflags & T_ICMP) {
+		struct rewrite *in = &sc->in;
+		__builtin_memcpy(in->src, b->addr, 16);
+		__builtin_memcpy(in->dst, ns->addr, 16);
+		in->sport = b->port;
+		in->dport = port;
+		r = icmp_translate(ctx, eth, rw->src, rw->dst, in);
+	} else if (v6) {
+		struct ipv6hdr *ip = (void *)(eth + 1);
+		r = rewrite6(ip, ip + 1, data_end, f->proto, rw, NULL);
+	} else {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end)
+			return XDP_DROP;
+		r = rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
+	}
+	if (r < 0) {
+		count(&path_stats, PATH_MALFORMED, len);
+		return XDP_DROP;
+	}
+	count(&path_stats, PATH_FORWARD, len);
+	count(&path_stats, PATH_NAT_FORWARD, len);
+	count(&vip_stats, vip_id, len);
+	count(&backend_stats, bidx, len);
+	return nat_send(ctx, eth, v6, rw->src, rw->dst, NULL, len);
+}
+
+/* nat_reply rewrites a NAT backend's packet (f: backend -> NAT source) back to VIP -> client;
+ * for an ICMP error from the backend's side (T_ICMP in tflags: it quotes source -> backend;
+ * f is the quoted packet swapped) the error goes to the client quoting client -> VIP.
+ * Returns -1 when f is no NAT flow (the packet is the stack's). Not inlined, as nat_forward. */
+static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tflags, __u64 len)
+{
+	int icmp = tflags & T_ICMP;
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return -1;
+	struct lb_config *cfg = lb_config();
+	if (!cfg || (cfg->nat_v4 == 0 && cfg->nat_v6 == 0))
+		return -1;
+	struct nat_scratch *sc = scratch();
+	if (!sc)
+		return -1;
+	struct nat_key *k = &sc->k;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->lb_port = f->dport;
+	k->backend_port = f->sport;
+	k->proto = f->proto;
+	__builtin_memcpy(k->lb, f->dst, 16);
+	__builtin_memcpy(k->backend, f->src, 16);
+	struct nat_entry *e = bpf_map_lookup_elem(&nat_rev, k);
+	if (!e)
+		return -1;
+	void *data_end = (void *)(long)ctx->data_end;
+	int v6 = eth->h_proto == bpf_htons(ETH_P_IPV6);
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (!icmp && now > e->last_seen + NSEC_PER_SEC) {
+		/* The flow lives while either side speaks: refresh its connection entry too. */
+		e->last_seen = now;
+		struct conn *c = bpf_map_lookup_elem(&conns, &e->client);
+		if (c && now > c->last_seen + NSEC_PER_SEC)
+			c->last_seen = now;
+	}
+	if ((tflags & T_FIN) && e->timeout > NAT_CLOSING) /* TCP's FIN; UDP sets no flags */
+		e->timeout = NAT_CLOSING;
+	struct rewrite *rw = &sc->rw;
+	int r;
+	if (icmp) {
+		__builtin_memcpy(rw->src, e->client.src, 16);
+		__builtin_memcpy(rw->dst, e->client.dst, 16);
+		rw->sport = e->client.sport;
+		rw->dport = e->client.dport;
+		r = icmp_translate(ctx, eth, e->client.dst, e->client.src, rw);
+		count(&path_stats, PATH_ICMP_ERROR, len);
+	} else {
+		__builtin_memcpy(rw->src, e->client.dst, 16);
+		__builtin_memcpy(rw->dst, e->client.src, 16);
+		rw->sport = e->client.dport;
+		rw->dport = e->client.sport;
+		if (v6) {
+			struct ipv6hdr *ip = (void *)(eth + 1);
+			r = rewrite6(ip, ip + 1, data_end, f->proto, rw, NULL);
+		} else {
+			struct iphdr *ip = (void *)(eth + 1);
+			if ((void *)(ip + 1) > data_end)
+				return XDP_DROP;
+			r = rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
+		}
+	}
+	if (r < 0) {
+		count(&path_stats, PATH_MALFORMED, len);
+		return XDP_DROP;
+	}
+	if (tflags & T_RST) {
+		/* The backend reset the flow: its port is free a second from now (a client packet
+		 * sent meanwhile still finds the entry its own). */
+		count(&path_stats, PATH_TCP_RST, len);
+		e->timeout = 1;
+	}
+	count(&path_stats, PATH_NAT_REPLY, len);
+	return nat_send(ctx, eth, v6, e->client.dst, e->client.src, e, len);
+}

@@ -1,0 +1,435 @@
+// NAT: the loader's side (sources and ports, which backends need it, next hops, sweeping
+// the reply table, the host's reserved ports). The translation itself is bpf/nat.h.
+
+package l4xdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/policies/pools"
+)
+
+// Backend and connection flags of NAT (mirror B_NAT and C_NAT in bpf/consts.h).
+const (
+	backendNAT = 4
+	connNAT    = 2
+)
+
+// maxNATSources is how many NAT sources of each family the program holds (MAX_NAT_SOURCES/2).
+const maxNATSources = 8
+
+// natSweepSlack is how long a reply entry whose connection entry is gone is kept anyway: a
+// new flow inserts its reply entry a moment before its connection entry.
+const natSweepSlack = 2 * time.Second
+
+// reservedPortsFile is where the loader records the ports it added to the host's
+// ip_local_reserved_ports, so Detach takes back exactly those.
+const reservedPortsFile = "nat_reserved_ports"
+
+// ports returns the source port range, defaults applied.
+func (n NAT) ports() (lo, hi uint16) {
+	if n.PortLow == 0 && n.PortHigh == 0 {
+		return DefaultNATPortLow, DefaultNATPortHigh
+	}
+	return n.PortLow, n.PortHigh
+}
+
+// Validate checks the NAT configuration: at most 8 sources of each family, specified
+// unicast addresses, and a port range from 1024 up with its low end not above its high end.
+func (n NAT) Validate() error {
+	lo, hi := n.ports()
+	if lo < 1024 || hi < lo {
+		return fmt.Errorf("NAT ports %d-%d: want LOW-HIGH with 1024 <= LOW <= HIGH", lo, hi)
+	}
+	var v4, v6 int
+	for _, a := range n.Sources {
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("NAT source %v: want a unicast address of the LB", a)
+		}
+		if a.Unmap().Is4() {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	if v4 > maxNATSources || v6 > maxNATSources {
+		return fmt.Errorf("NAT sources: %d IPv4 and %d IPv6, at most %d of each", v4, v6, maxNATSources)
+	}
+	return nil
+}
+
+// has4, has6: whether a NAT backend of that family has a source to leave from.
+func (n NAT) has(v4 bool) bool {
+	for _, a := range n.Sources {
+		if a.Unmap().Is4() == v4 {
+			return true
+		}
+	}
+	return false
+}
+
+// configureNAT writes the sources (IPv4 at 0.., IPv6 at 8..) and the port range.
+func (f *Tables) configureNAT(cfg *lbLbConfig, n NAT) error {
+	cfg.NatPortLo, cfg.NatPortHi = n.ports()
+	for _, a := range n.Sources {
+		a = a.Unmap()
+		idx := cfg.NatV4
+		if !a.Is4() {
+			idx = maxNATSources + cfg.NatV6
+		}
+		if err := f.objs.NatSources.Put(idx, lbNatSource{Addr: a.As16()}); err != nil {
+			return fmt.Errorf("writing NAT source %v: %w", a, err)
+		}
+		if a.Is4() {
+			cfg.NatV4++
+		} else {
+			cfg.NatV6++
+		}
+	}
+	return nil
+}
+
+// natPlan is how the backends of one apply are reached: the set of those reached by NAT.
+type natPlan map[*pools.Backend]bool
+
+// planNAT decides, for every backend of the served services, DR or NAT: the file's
+// forwarding, and for auto the LB interface's subnets (a backend inside one, or with a mac:
+// in the file, on the VIP's port, is reached directly). A NAT backend needs a source of its family and the VIP's
+// family (the translation keeps the IP version).
+func (l *Loader) planNAT(f *pools.File, served []*pools.Service) (natPlan, error) {
+	var addrs []netlink.Addr
+	if l.iface != nil {
+		var err error
+		addrs, err = netlink.AddrList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: l.iface.Index}}, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("reading the addresses of %s: %w", l.cfg.Iface, err)
+		}
+	}
+	var subnets []netip.Prefix
+	for _, a := range addrs {
+		if a.IPNet == nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(a.IPNet.IP)
+		ones, _ := a.IPNet.Mask.Size()
+		if ok {
+			subnets = append(subnets, netip.PrefixFrom(ip.Unmap(), ones).Masked())
+		}
+	}
+	plan := natPlan{}
+	var errs []error
+	for _, s := range served {
+		vip, _ := s.VIPAddrPort()
+		for _, b := range s.Backends {
+			ap := b.AddrPort()
+			nat := false
+			switch s.ForwardingOf(b) {
+			case pools.ForwardingNAT:
+				nat = true
+			case pools.ForwardingAuto:
+				// A mac: in the file says the backend is a neighbour on the LB's link
+				// (addressed off the interface's subnets, say /32s): direct routing.
+				nat = b.MAC == "" && !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(ap.Addr().Unmap()) })
+			}
+			if !nat {
+				continue
+			}
+			where := fmt.Sprintf("%s:%d: service %s: backend %s", f.Filename, b.Line, s.Name, b.Address)
+			v4 := ap.Addr().Unmap().Is4()
+			switch {
+			case v4 != vip.Addr().Unmap().Is4():
+				errs = append(errs, fmt.Errorf("%s: reached by NAT, which keeps the IP version, but the vip %s is of the other family", where, s.VIP))
+			case !l.cfg.NAT.has(v4):
+				errs = append(errs, fmt.Errorf("%s: reached by NAT (%s), and the loader has no --nat-source of its family: start it with --nat-source ADDR (an address of this LB)", where, natReason(s, b)))
+			}
+			plan[b] = true
+		}
+	}
+	return plan, errors.Join(errs...)
+}
+
+func natReason(s *pools.Service, b *pools.Backend) string {
+	if f := b.Forwarding; f == pools.ForwardingNAT {
+		return "forwarding: nat"
+	}
+	if s.Forwarding == pools.ForwardingNAT && b.Forwarding == "" {
+		return "the service's forwarding: nat"
+	}
+	if vip, ok := s.VIPAddrPort(); ok && vip.Port() != b.AddrPort().Port() {
+		return "its port differs from the vip's"
+	}
+	return "not on a subnet of the LB's interface, and no mac: given"
+}
+
+// resolveNextHops makes the kernel resolve the next hop of every NAT backend (the FIB lookup
+// of the program finds a route but sends nothing while the neighbour is unknown), waiting up
+// to 3 s; a next hop still unresolved is logged, not fatal: the kernel keeps trying, and the
+// program counts what it drops meanwhile (nat_no_route).
+func (l *Loader) resolveNextHops(bs []*pools.Backend) {
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
+	deadline := time.Now().Add(3 * time.Second)
+	for len(bs) > 0 {
+		var still []*pools.Backend
+		for _, b := range bs {
+			ip := net.IP(b.AddrPort().Addr().Unmap().AsSlice())
+			routes, err := netlink.RouteGet(ip)
+			if err != nil || len(routes) == 0 {
+				still = append(still, b)
+				continue
+			}
+			hop := routes[0].Gw
+			if hop == nil {
+				hop = ip
+			}
+			neighs, err := netlink.NeighList(routes[0].LinkIndex, netlink.FAMILY_ALL)
+			if err != nil {
+				still = append(still, b)
+				continue
+			}
+			if !slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
+				return n.IP.Equal(hop) && len(n.HardwareAddr) == 6 && n.State&usable != 0
+			}) {
+				still = append(still, b)
+			}
+		}
+		bs = still
+		if len(bs) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, b := range bs {
+				l.log.Warn("the next hop of a NAT backend is not resolved yet: its flows are dropped (nat_no_route) until it is",
+					zap.String("backend", b.Address))
+			}
+			return
+		}
+		for _, b := range bs { // a datagram makes the kernel resolve the next hop
+			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.AddrPort().Addr(), 9))); err == nil {
+				c.Write([]byte{0})
+				c.Close()
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// SweepNAT removes the reply entries of NAT flows that are over: idle past their timeout, or
+// whose connection entry is gone (an LRU eviction; the flow's next packet re-picks) for
+// longer than a moment. It returns the entries left.
+func (f *Tables) SweepNAT() (int, error) {
+	now := monoNow()
+	var stale []lbNatKey
+	left := 0
+	keys, vals := make([]lbNatKey, recountBatch), make([]lbNatEntry, recountBatch)
+	var cursor ebpf.MapBatchCursor
+	var c lbConn
+	for done := false; !done; {
+		n, err := f.objs.NatRev.BatchLookup(&cursor, keys, vals, nil)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			done = true
+		} else if err != nil {
+			return 0, fmt.Errorf("reading the NAT table: %w", err)
+		}
+		for i := 0; i < n; i++ {
+			e := vals[i]
+			idle := uint64(0)
+			if now > e.LastSeen {
+				idle = now - e.LastSeen
+			}
+			if idle > uint64(e.Timeout)*1e9 ||
+				(idle > uint64(natSweepSlack) && f.objs.Conns.Lookup(e.Client, &c) != nil) {
+				stale = append(stale, keys[i])
+				continue
+			}
+			left++
+		}
+	}
+	for _, k := range stale {
+		if err := f.objs.NatRev.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return left, fmt.Errorf("removing an ended NAT flow: %w", err)
+		}
+	}
+	return left, nil
+}
+
+// enableForwarding turns on forwarding on the LB's interface for the families NAT sources
+// are given for: the kernel's FIB lookup from XDP (the next hop of a NAT packet) answers only
+// for an interface that forwards (BPF_FIB_LKUP_RET_FWD_DISABLED otherwise).
+func (l *Loader) enableForwarding() error {
+	for _, fam := range []struct {
+		v4   bool
+		path string
+	}{{true, "/proc/sys/net/ipv4/conf/%s/forwarding"}, {false, "/proc/sys/net/ipv6/conf/%s/forwarding"}} {
+		if !l.cfg.NAT.has(fam.v4) {
+			continue
+		}
+		path := fmt.Sprintf(fam.path, l.cfg.Iface)
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "1" {
+			continue
+		}
+		if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("turning on forwarding on %s (the FIB lookups of NAT need it): %w", l.cfg.Iface, err)
+		}
+		l.log.Info("turned on forwarding on the interface: NAT's next hops come from the kernel's FIB, which answers only for a forwarding interface",
+			zap.String("sysctl", path))
+	}
+	return nil
+}
+
+// reservePorts adds the NAT port range to the host's ip_local_reserved_ports when a NAT
+// source is an address of this host (of this network namespace): the host's own sockets
+// then never take a port the program hands to NAT flows. What it added is recorded in the
+// pin directory for Detach.
+func (l *Loader) reservePorts() error {
+	if len(l.cfg.NAT.Sources) == 0 {
+		return nil
+	}
+	local, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("reading the host's addresses: %w", err)
+	}
+	hosts := false
+	for _, s := range l.cfg.NAT.Sources {
+		if slices.ContainsFunc(local, func(a netlink.Addr) bool { return a.IP.Equal(net.IP(s.Unmap().AsSlice())) }) {
+			hosts = true
+		}
+	}
+	if !hosts {
+		return nil
+	}
+	lo, hi := l.cfg.NAT.ports()
+	cur, err := readReserved()
+	if err != nil {
+		return err
+	}
+	added := subtract([]portRange{{lo, hi}}, cur)
+	if len(added) == 0 {
+		return nil
+	}
+	if err := writeReserved(merge(append(cur, added...))); err != nil {
+		return err
+	}
+	old, _ := os.ReadFile(filepath.Join(l.dir, reservedPortsFile))
+	rec := merge(append(parseRanges(string(old)), added...))
+	return os.WriteFile(filepath.Join(l.dir, reservedPortsFile), []byte(formatRanges(rec)), 0o600)
+}
+
+// releasePorts takes back from ip_local_reserved_ports what reservePorts added (Detach).
+func releasePorts(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, reservedPortsFile))
+	if os.IsNotExist(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	cur, err := readReserved()
+	if err != nil {
+		return err
+	}
+	if err := writeReserved(subtract(cur, parseRanges(string(b)))); err != nil {
+		return err
+	}
+	return os.Remove(filepath.Join(dir, reservedPortsFile))
+}
+
+const reservedPortsSysctl = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+
+type portRange struct{ lo, hi uint16 }
+
+func readReserved() ([]portRange, error) {
+	b, err := os.ReadFile(reservedPortsSysctl)
+	if err != nil {
+		return nil, fmt.Errorf("reading the host's reserved ports: %w", err)
+	}
+	return parseRanges(string(b)), nil
+}
+
+func writeReserved(rs []portRange) error {
+	s := formatRanges(rs)
+	if s == "" {
+		s = "\n" // an empty write is refused; a newline clears the list
+	}
+	if err := os.WriteFile(reservedPortsSysctl, []byte(s), 0o644); err != nil {
+		return fmt.Errorf("writing the host's reserved ports (%s): %w", reservedPortsSysctl, err)
+	}
+	return nil
+}
+
+// parseRanges reads the sysctl's "a-b,c" format (what it cannot read it skips: the kernel
+// wrote it).
+func parseRanges(s string) []portRange {
+	var out []portRange
+	for _, f := range strings.Split(strings.TrimSpace(s), ",") {
+		lo, hi, found := strings.Cut(strings.TrimSpace(f), "-")
+		if !found {
+			hi = lo
+		}
+		a, err1 := strconv.ParseUint(lo, 10, 16)
+		b, err2 := strconv.ParseUint(hi, 10, 16)
+		if err1 == nil && err2 == nil && a <= b {
+			out = append(out, portRange{uint16(a), uint16(b)})
+		}
+	}
+	return merge(out)
+}
+
+func formatRanges(rs []portRange) string {
+	var parts []string
+	for _, r := range rs {
+		if r.lo == r.hi {
+			parts = append(parts, strconv.Itoa(int(r.lo)))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", r.lo, r.hi))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// merge sorts ranges and joins the overlapping and adjacent ones.
+func merge(rs []portRange) []portRange {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b portRange) int { return int(a.lo) - int(b.lo) })
+	var out []portRange
+	for _, r := range rs {
+		if n := len(out); n > 0 && int(r.lo) <= int(out[n-1].hi)+1 {
+			out[n-1].hi = max(out[n-1].hi, r.hi)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// subtract returns the ports of a not in b.
+func subtract(a, b []portRange) []portRange {
+	var out []portRange
+	for _, r := range merge(a) {
+		lo := int(r.lo)
+		for _, x := range merge(b) {
+			if int(x.hi) < lo || x.lo > r.hi {
+				continue
+			}
+			if int(x.lo) > lo {
+				out = append(out, portRange{uint16(lo), x.lo - 1})
+			}
+			lo = int(x.hi) + 1
+		}
+		if lo <= int(r.hi) {
+			out = append(out, portRange{uint16(lo), r.hi})
+		}
+	}
+	return out
+}

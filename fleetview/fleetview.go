@@ -234,17 +234,17 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 	return decodeView(clusters, assignments, decodeCluster)
 }
 
-// decodeView reads a view whose clusters decodeCluster reads, in name order (the file
-// order of the view's services), then their load assignments. Clusters come first, so a
-// bad one is reported even while another waits for its endpoints.
-func decodeView(clusters, assignments map[string]proto.Message, decodeCluster func(*clusterv3.Cluster) (*pools.Service, error)) (*View, error) {
+// decodeView reads a view: each cluster, in name order, as a service by readCluster (the
+// XDP or the Caddy reading), then their load assignments. Clusters come first, so a bad
+// one is reported even while another waits for its endpoints.
+func decodeView(clusters, assignments map[string]proto.Message, readCluster func(*clusterv3.Cluster) (*pools.Service, error)) (*View, error) {
 	v := &View{File: &pools.File{Filename: "xds"}, Verdicts: map[string]Verdict{}}
 	for _, name := range slices.Sorted(maps.Keys(clusters)) {
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {
 			return nil, fmt.Errorf("cluster %s: a %T, not a Cluster", name, clusters[name])
 		}
-		s, err := decodeCluster(c)
+		s, err := readCluster(c)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: %w", name, err)
 		}

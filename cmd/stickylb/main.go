@@ -13,8 +13,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/stickylb/stickylb/policies/plan"
@@ -100,8 +102,30 @@ func validate(args []string, stdout, stderr io.Writer) int {
 			backends += len(s.Backends)
 		}
 		fmt.Fprintf(stdout, "%s: ok (%d services, %d backends)\n", fs.Arg(0), len(f.Services), backends)
+		printNAT(stdout, f)
 	}
 	return 0
+}
+
+// printNAT says which vip services have backends the file already puts behind NAT
+// (forwarding nat, or auto on another port than the VIP's), since `stickylb xdp` then needs
+// --nat-source of their family; auto backends on the VIP's port are decided by the loader,
+// which knows the interface's subnets.
+func printNAT(w io.Writer, f *pools.File) {
+	for _, s := range f.Services {
+		n, families := 0, map[string]bool{}
+		for _, b := range s.Backends {
+			if s.VIP != "" && s.ForwardingOf(b) == pools.ForwardingNAT {
+				n++
+				families[map[bool]string{true: "IPv4", false: "IPv6"}[b.AddrPort().Addr().Is4()]] = true
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "  %s: %d of %d backends forwarded by NAT (stickylb xdp needs --nat-source: %s)\n",
+			s.Name, n, len(s.Backends), strings.Join(slices.Sorted(maps.Keys(families)), " and "))
+	}
 }
 
 func planCmd(args []string, stdout, stderr io.Writer) int {

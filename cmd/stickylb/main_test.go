@@ -29,6 +29,45 @@ func TestValidateExample(t *testing.T) {
 	}
 }
 
+// TestValidateSaysWhatNeedsNAT: validate names the vip services with backends the file puts
+// behind NAT, and the address family of --nat-source they need; a file without any says
+// nothing of NAT.
+func TestValidateSaysWhatNeedsNAT(t *testing.T) {
+	p := write(t, "nat.yaml", `services:
+  - name: edge
+    protocol: tcp
+    vip: 10.0.0.100:443
+    backends:
+      - {address: 10.0.6.1:443}
+      - {address: 10.0.6.2:8443}
+      - {address: 10.0.6.3:443, forwarding: nat}
+  - name: dr
+    protocol: tcp
+    vip: 10.0.0.101:443
+    forwarding: dr
+    backends: [{address: 10.0.6.1:443}]
+  - name: six
+    protocol: udp
+    vip: "[2001:db8::100]:53"
+    forwarding: nat
+    backends: [{address: "[2001:db8:1::1]:53"}]
+`)
+	var out, errb bytes.Buffer
+	if code := run([]string{"validate", p}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	want := p + ": ok (3 services, 5 backends)\n" +
+		"  edge: 2 of 3 backends forwarded by NAT (stickylb xdp needs --nat-source: IPv4)\n" +
+		"  six: 1 of 1 backends forwarded by NAT (stickylb xdp needs --nat-source: IPv6)\n"
+	if out.String() != want {
+		t.Fatalf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+	out.Reset()
+	if code := run([]string{"validate", "../../pools.example.yaml"}, &out, &errb); code != 0 || strings.Contains(out.String(), "NAT") {
+		t.Fatalf("the example (DR only): exit %d, output %q", code, out.String())
+	}
+}
+
 func TestValidateReportsEveryError(t *testing.T) {
 	p := write(t, "bad.yaml", `services:
   - name: web

@@ -98,9 +98,17 @@ func TestXDPNATFlagErrors(t *testing.T) {
 				t.Errorf("%q: exit %d, stderr %q; want 2 and %q", args, code, stderr.String(), tc.want)
 			}
 		}
-		// Good NAT flags get as far as the interface.
+		// More sources of a family than the program holds.
 		var stdout, stderr bytes.Buffer
-		args := append(slices.Clone(mode), "--iface", "nosuchif0", "--nat-source", "192.0.2.10,2001:db8::10", "--nat-ports", "40000-49999")
+		many := "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5,10.0.0.6,10.0.0.7,10.0.0.8,10.0.0.9"
+		args := append(slices.Clone(mode), "--iface", "nosuchif0", "--nat-source", many)
+		if code := xdpCmd(args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "9 IPv4 and 0 IPv6, at most 8 of each") {
+			t.Errorf("nine IPv4 sources: exit %d, stderr %q; want 2 and the limit", code, stderr.String())
+		}
+		// Good NAT flags get as far as the interface.
+		stdout.Reset()
+		stderr.Reset()
+		args = append(slices.Clone(mode), "--iface", "nosuchif0", "--nat-source", "192.0.2.10,2001:db8::10", "--nat-ports", "40000-49999")
 		if code := xdpCmd(args, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), `interface "nosuchif0"`) {
 			t.Errorf("%q: exit %d, stderr %q; want 1 and the interface named", args, code, stderr.String())
 		}

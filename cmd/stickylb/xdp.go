@@ -77,6 +77,12 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, xdpUsage)
 		return 2
 	}
+	// The loader's own rules (as many sources as the program holds) are command-line errors
+	// too, said before anything is attached.
+	if err := nat.config().Validate(); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: --nat-source, --nat-ports: %v\n", err)
+		return 2
+	}
 	capOpt := *insertCap
 	if capOpt == 0 {
 		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"

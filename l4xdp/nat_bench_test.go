@@ -1,7 +1,10 @@
 package l4xdp
 
 import (
+	"encoding/binary"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/policies/chash"
 )
 
 // NAT benchmarks: BPF_PROG_RUN ns/packet of an established NAT flow beside an established
@@ -194,7 +198,7 @@ func BenchmarkLiveNAT(b *testing.B) {
 	for _, arm := range []struct {
 		name  string
 		setup func() func()
-	}{{"floor", lt.armFloor}, {"stickylb-dr", lt.armStickylb}, {"nftables-nat", lt.armNftablesNAT}} {
+	}{{"floor", lt.armFloor}, {"stickylb-dr", lt.armStickylb}, {"stickylb-nat", lt.armStickylbNAT}, {"nftables-nat", lt.armNftablesNAT}} {
 		b.Run("arm="+arm.name, func(b *testing.B) {
 			lt.tb = b
 			undo := arm.setup()
@@ -246,3 +250,106 @@ func benchProgRunArms(b *testing.B, kit *netnstest.Kit, ns string, arms []progRu
 		})
 	}
 }
+
+// natBackend4 is BenchmarkProgRunNAT's NAT backend, behind the LB's NAT source natSource4.
+var (
+	natSource4  = netip.MustParseAddr("10.0.3.1")
+	natBackend4 = netip.MustParseAddrPort("10.0.3.2:80")
+)
+
+// BenchmarkProgRunNAT: ns/packet through BPF_PROG_RUN of an established NAT flow, each
+// way (the client's packet translated toward the backend, the backend's reply translated
+// back; both routed by bpf_fib_lookup, so each ends in a redirect), beside an established
+// DR flow and the floor, in one run. Every arm runs behind the same restoring program.
+// The routes and neighbours bpf_fib_lookup answers from are a namespace of the
+// benchmark's own: the backend's subnet and the client's on one veth, with permanent
+// neighbours.
+func BenchmarkProgRunNAT(b *testing.B) {
+	kit := netnstest.New(b, "pn")
+	kit.AddNS("lb")
+	kit.Veth("lb", "n0", "lb", "n1")
+	kit.In("lb", "ip", "addr", "add", natSource4.String()+"/24", "dev", "n0")
+	kit.In("lb", "ip", "addr", "add", "192.0.2.1/24", "dev", "n0")
+	kit.In("lb", "ip", "neigh", "replace", natBackend4.Addr().String(), "lladdr", backMACs[1].String(), "dev", "n0", "nud", "permanent")
+	kit.In("lb", "ip", "neigh", "replace", client4.String(), "lladdr", clientMAC.String(), "dev", "n0", "nud", "permanent")
+	kit.In("lb", "sysctl", "-qw", "net.ipv4.ip_forward=1") // bpf_fib_lookup answers only where forwarding is on
+	f, err := loadTables(Options{InsertCap: -1}, NAT{Sources: []netip.Addr{natSource4}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	if err := f.SetBackend(0, Backend{MAC: backMACs[0], Alive: true}); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.SetBackend(1, Backend{MAC: make(net.HardwareAddr, 6), NAT: true, Addr: natBackend4, Alive: true}); err != nil {
+		b.Fatal(err)
+	}
+	for i, port := range []uint16{80, 81} { // VIP 1: DR to slot 0; VIP 2: NAT to slot 1
+		table := make([]uint32, 65537)
+		for j := range table {
+			table[j] = uint32(i)
+		}
+		if err := f.SetVIP(VIP{ID: uint32(i + 1), Addr: netip.AddrPortFrom(vip4, port), Proto: 6, Table: table}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Establish both flows; the NAT flow's source port is the one its SYN left with.
+	var out []byte
+	kit.MustDo("lb", func() error {
+		if ret, _ := run(b, f.Program(), tcp4(b, client4, vip4, 4000, 80, "S", nil, nil)); ret != xdpTX {
+			return fmt.Errorf("the DR SYN: action %d", ret)
+		}
+		var ret uint32
+		if ret, out = run(b, f.Program(), tcp4(b, client4, vip4, 4000, 81, "S", nil, nil)); ret != benchXDPRedirect {
+			return fmt.Errorf("the NAT SYN: action %d, want a redirect (to n0)", ret)
+		}
+		return nil
+	})
+	natPort := binary.BigEndian.Uint16(out[14+20:])
+	reply := tcp4(b, natBackend4.Addr(), natSource4, natBackend4.Port(), natPort, "A", nil, nil)
+	copy(reply[0:6], lbMAC)
+	copy(reply[6:12], backMACs[1])
+	est := tcp4(b, client4, vip4, 4000, 80, "A", nil, nil)
+	benchProgRunArms(b, kit, "lb", []progRunNATArm{
+		{"floor", loadTestProgs(b).FloorXdp, est, xdpTX},
+		{"dr-established", f.Program(), est, xdpTX},
+		{"nat-established", f.Program(), tcp4(b, client4, vip4, 4000, 81, "A", nil, nil), benchXDPRedirect},
+		{"nat-reply", f.Program(), reply, benchXDPRedirect},
+	})
+}
+
+// armStickylbNAT attaches the forwarder to l0 with the three backends reached by NAT from
+// natLiveSource (bpf_fib_lookup: out of l1, redirected), a fresh table each time.
+func (lt *liveTopo) armStickylbNAT() func() {
+	f, err := loadTables(Options{}, NAT{Sources: []netip.Addr{netip.MustParseAddr(natLiveSource)}})
+	if err != nil {
+		lt.tb.Fatal(err)
+	}
+	hosts := []chash.Host{{ID: "b1", Weight: 1}, {ID: "b2", Weight: 1}, {ID: "b3", Weight: 1}}
+	m, err := chash.NewMaglev(hosts, 65537)
+	if err != nil {
+		lt.tb.Fatal(err)
+	}
+	table := make([]uint32, len(m.Table()))
+	for i, h := range m.Table() {
+		table[i] = uint32(h)
+	}
+	for i := range liveBackendMACs {
+		addr := netip.AddrPortFrom(netip.MustParseAddr(natLiveBackend(i)), 80)
+		if err := f.SetBackend(uint32(i), Backend{MAC: make(net.HardwareAddr, 6), NAT: true, Addr: addr, Alive: true}); err != nil {
+			lt.tb.Fatal(err)
+		}
+	}
+	if err := f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: table}); err != nil {
+		lt.tb.Fatal(err)
+	}
+	l := lt.attach("lb", "l0", f.Program())
+	return func() {
+		l.Close()
+		f.Close()
+	}
+}
+
+// benchXDPRedirect is XDP_REDIRECT, what a NAT arm ends in (bpf_fib_lookup names another
+// interface than BPF_PROG_RUN's lo).
+const benchXDPRedirect = 4

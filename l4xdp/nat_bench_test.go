@@ -312,10 +312,50 @@ func BenchmarkProgRunNAT(b *testing.B) {
 	est := tcp4(b, client4, vip4, 4000, 80, "A", nil, nil)
 	benchProgRunArms(b, kit, "lb", []progRunNATArm{
 		{"floor", loadTestProgs(b).FloorXdp, est, xdpTX},
+		{"fib-lookup", fibLookupOnly(b, natSource4, natBackend4.Addr()), est, xdpTX},
 		{"dr-established", f.Program(), est, xdpTX},
 		{"nat-established", f.Program(), tcp4(b, client4, vip4, 4000, 81, "A", nil, nil), benchXDPRedirect},
 		{"nat-reply", f.Program(), reply, benchXDPRedirect},
 	})
+}
+
+// fibLookupOnly returns a program that does what the floor does beside one bpf_fib_lookup
+// from src to dst (IPv4, from the packet's ingress interface), answering XDP_TX when the
+// lookup succeeds: the share of a NAT packet's cost that is the kernel's FIB, which DR
+// does not pay.
+func fibLookupOnly(tb testing.TB, src, dst netip.Addr) *ebpf.Program {
+	tb.Helper()
+	const p = -64 // struct bpf_fib_lookup (64 bytes) on the stack
+	le := func(a netip.Addr) int64 { b := a.As4(); return int64(int32(binary.NativeEndian.Uint32(b[:]))) }
+	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Imm(asm.R1, 0)}
+	for off := int16(p); off < 0; off += 8 {
+		insns = append(insns, asm.StoreMem(asm.RFP, off, asm.R1, asm.DWord))
+	}
+	insns = append(insns,
+		asm.StoreImm(asm.RFP, p+0, 2, asm.Byte),   // family: AF_INET
+		asm.StoreImm(asm.RFP, p+1, 6, asm.Byte),   // l4_protocol: TCP
+		asm.LoadMem(asm.R2, asm.R6, 12, asm.Word), // ctx->ingress_ifindex
+		asm.StoreMem(asm.RFP, p+8, asm.R2, asm.Word),
+		asm.StoreImm(asm.RFP, p+16, le(src), asm.Word), // ipv4_src, network order
+		asm.StoreImm(asm.RFP, p+32, le(dst), asm.Word), // ipv4_dst
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, p),
+		asm.Mov.Imm(asm.R3, 64),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnFibLookup.Call(),
+		asm.JNE.Imm(asm.R0, 0, "fail"), // BPF_FIB_LKUP_RET_SUCCESS is 0
+		asm.Mov.Imm(asm.R0, xdpTX),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("fail"), // XDP_ABORTED
+		asm.Return(),
+	)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "GPL", Instructions: insns})
+	if err != nil {
+		tb.Fatalf("loading the FIB lookup program: %v", err)
+	}
+	tb.Cleanup(func() { prog.Close() })
+	return prog
 }
 
 // armStickylbNAT attaches the forwarder to l0 with the three backends reached by NAT from

@@ -170,6 +170,7 @@ func TestXDPNAT(t *testing.T) {
 		const chunk = 16 << 10
 		var streamed atomic.Int64
 		var stop atomic.Bool
+		defer stop.Store(true) // a failed phase ends the stream too
 		done := make(chan error, 1)
 		go func() {
 			// 16 KiB every 10 ms: a flow that keeps packets in both directions all the time.
@@ -260,19 +261,23 @@ func TestXDPNAT(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			msg := fmt.Sprintf("q%d", i)
 			var reply string
-			// UDP may lose a datagram: each is retried within the bound, not waited on once.
+			// UDP may lose a datagram: each is retried within the bound, not waited on once,
+			// and a late reply to an earlier try is skipped.
 			waitFor(t, 5*time.Second, "a UDP reply from nb through NAT", func() (bool, string) {
 				c.SetDeadline(time.Now().Add(500 * time.Millisecond))
 				if _, err := c.Write([]byte(msg)); err != nil {
 					return false, err.Error()
 				}
 				buf := make([]byte, 200)
-				n, err := c.Read(buf)
-				if err != nil {
-					return false, err.Error()
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return false, err.Error()
+					}
+					if reply = string(buf[:n]); strings.HasSuffix(reply, " "+msg) {
+						return true, ""
+					}
 				}
-				reply = string(buf[:n])
-				return true, ""
 			})
 			f := strings.Fields(reply)
 			if len(f) != 3 || f[0] != "nb" || f[2] != msg {

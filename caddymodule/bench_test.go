@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -118,9 +119,7 @@ func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.U
 // (through the policy's rewrite in prefix mode, learned in learn mode).
 func appCookieRequests(b *testing.B, a *AppCookie, pool reverseproxy.UpstreamPool) []benchReq {
 	return plainRequests(func(i int, r *http.Request) {
-		first := request("/")
-		hk := &responseHook{r: first}
-		caddyhttp.SetVar(first.Context(), hookVarKey, hk)
+		first, hk := hookedRequest("")
 		a.Select(pool, first, httptest.NewRecorder())
 		h := http.Header{"Set-Cookie": {fmt.Sprintf("%s=app-session-%04d; Path=/", a.Name, i)}}
 		hk.run(h)
@@ -178,18 +177,34 @@ func BenchmarkCookieMiss(b *testing.B) {
 	})
 }
 
+// benchArm is one side of a comparison: a selector made for its sub-benchmark (a table of
+// stickylb's is named for it).
+type benchArm struct {
+	impl string
+	sel  func(b *testing.B) reverseproxy.Selector
+}
+
+// runArms runs each arm as sub-benchmark impl=<impl> over src and reqs, provisioning its
+// selector first when it has a Provision (Caddy's does for a module in a config).
+func runArms(b *testing.B, src poolSource, reqs []benchReq, arms ...benchArm) {
+	for _, a := range arms {
+		b.Run("impl="+a.impl, func(b *testing.B) {
+			s := a.sel(b)
+			if p, ok := s.(caddy.Provisioner); ok {
+				provision(b, p)
+			}
+			runSelect(b, s, src, reqs, false)
+		})
+	}
+}
+
 // BenchmarkClientIP: sticky_ip (Maglev, O(1)) against Caddy's client_ip_hash (rendezvous
 // hashing over every upstream). Both read the client IP Caddy resolved.
 func BenchmarkClientIP(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
-		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyIP{}
-			provision(b, s)
-			runSelect(b, s, src, plainRequests(nil), false)
-		})
-		b.Run("impl=caddy", func(b *testing.B) {
-			runSelect(b, reverseproxy.ClientIPHashSelection{}, src, plainRequests(nil), false)
-		})
+		runArms(b, src, plainRequests(nil),
+			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector { return &StickyIP{} }},
+			benchArm{"caddy", func(*testing.B) reverseproxy.Selector { return reverseproxy.ClientIPHashSelection{} }})
 	})
 }
 
@@ -198,21 +213,14 @@ func BenchmarkClientIP(b *testing.B) {
 func BenchmarkHeader(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		reqs := plainRequests(func(i int, r *http.Request) { r.Header.Set("X-Session", fmt.Sprintf("session-%08d", i)) })
-		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}}
-			provision(b, s)
-			runSelect(b, s, src, reqs, false)
-		})
-		b.Run("impl=stickylb-table", func(b *testing.B) {
-			s := &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{Table: b.Name()}}
-			provision(b, s)
-			runSelect(b, s, src, reqs, false)
-		})
-		b.Run("impl=caddy", func(b *testing.B) {
-			s := &reverseproxy.HeaderHashSelection{Field: "X-Session"}
-			provision(b, s)
-			runSelect(b, s, src, reqs, false)
-		})
+		runArms(b, src, reqs,
+			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector {
+				return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}}
+			}},
+			benchArm{"stickylb-table", func(b *testing.B) reverseproxy.Selector {
+				return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{Table: b.Name()}}
+			}},
+			benchArm{"caddy", func(*testing.B) reverseproxy.Selector { return &reverseproxy.HeaderHashSelection{Field: "X-Session"} }})
 	})
 }
 
@@ -223,24 +231,15 @@ func BenchmarkURL(b *testing.B) {
 			r.URL.RawQuery = fmt.Sprintf("sid=session-%08d&x=1", i)
 			r.RequestURI = "/app?" + r.URL.RawQuery
 		})
-		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{NoTable: true}}
-			provision(b, s)
-			runSelect(b, s, src, reqs, false)
-		})
-		b.Run("impl=stickylb-table", func(b *testing.B) {
-			s := &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{Table: b.Name()}}
-			provision(b, s)
-			runSelect(b, s, src, reqs, false)
-		})
-		b.Run("impl=caddy-query", func(b *testing.B) {
-			s := &reverseproxy.QueryHashSelection{Key: "sid"}
-			provision(b, s)
-			runSelect(b, s, src, reqs, false)
-		})
-		b.Run("impl=caddy-uri_hash", func(b *testing.B) {
-			runSelect(b, reverseproxy.URIHashSelection{}, src, reqs, false)
-		})
+		runArms(b, src, reqs,
+			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector {
+				return &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{NoTable: true}}
+			}},
+			benchArm{"stickylb-table", func(b *testing.B) reverseproxy.Selector {
+				return &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{Table: b.Name()}}
+			}},
+			benchArm{"caddy-query", func(*testing.B) reverseproxy.Selector { return &reverseproxy.QueryHashSelection{Key: "sid"} }},
+			benchArm{"caddy-uri_hash", func(*testing.B) reverseproxy.Selector { return reverseproxy.URIHashSelection{} }})
 	})
 }
 
@@ -248,14 +247,9 @@ func BenchmarkURL(b *testing.B) {
 // upstream ties: the tie-break is what is measured).
 func BenchmarkLeastConn(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
-		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &WeightedLeastConn{}
-			provision(b, s)
-			runSelect(b, s, src, plainRequests(nil), false)
-		})
-		b.Run("impl=caddy", func(b *testing.B) {
-			runSelect(b, reverseproxy.LeastConnSelection{}, src, plainRequests(nil), false)
-		})
+		runArms(b, src, plainRequests(nil),
+			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector { return &WeightedLeastConn{} }},
+			benchArm{"caddy", func(*testing.B) reverseproxy.Selector { return reverseproxy.LeastConnSelection{} }})
 	})
 }
 

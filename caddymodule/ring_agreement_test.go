@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
@@ -22,6 +21,8 @@ import (
 	"github.com/stickylb/stickylb/internal/fanout"
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/healthtest"
+	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/internal/testwait"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -99,10 +100,7 @@ func agreePools(t *testing.T, bs []*dualBackend) *pools.File {
 	for _, b := range bs {
 		fmt.Fprintf(&s, "      - {address: %q}\n", b.addr)
 	}
-	f, err := pools.Parse("agree.yaml", []byte(s.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, s.String())
 	return f
 }
 
@@ -113,16 +111,7 @@ func loadCaddy(t *testing.T, port int, bs []*dualBackend) {
 	for _, b := range bs {
 		ups = append(ups, b.addr)
 	}
-	src := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	auto_https off
-	log {
-		output discard
-	}
-}
-http://127.0.0.1:%d {
-	reverse_proxy %s {
+	loadSite(t, port, fmt.Sprintf(`	reverse_proxy %s {
 		lb_policy sticky_header X-Session {
 			hash ring
 			virtual_nodes %d
@@ -131,16 +120,7 @@ http://127.0.0.1:%d {
 		health_uri /health
 		health_interval %s
 		health_timeout %s
-	}
-}
-`, port, strings.Join(ups, " "), agreeVNodes, agreeHealthIntv, agreeHealthTO)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting the Caddyfile: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
+	}`, strings.Join(ups, " "), agreeVNodes, agreeHealthIntv, agreeHealthTO))
 }
 
 func TestRingAgreementCaddyGRPC(t *testing.T) {
@@ -166,12 +146,7 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	}
 
 	// Caddy.
-	pln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pln.Addr().(*net.TCPAddr).Port
-	pln.Close()
+	port := loopback.FreePort(t)
 	loadCaddy(t, port, bs[:3])
 	t.Cleanup(func() { _ = caddy.Stop() })
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}

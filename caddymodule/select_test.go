@@ -57,6 +57,18 @@ func request(target string) *http.Request {
 	return r.WithContext(ctx)
 }
 
+// hookedRequest is request("/") with cookie as its Cookie header (none when empty) and the
+// response hook the proxy's handler installs, which the test runs as the upstream answers.
+func hookedRequest(cookie string) (*http.Request, *responseHook) {
+	r := request("/")
+	if cookie != "" {
+		r.Header.Set("Cookie", cookie)
+	}
+	hk := &responseHook{r: r}
+	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	return r, hk
+}
+
 func setCookieValue(t testing.TB, w *httptest.ResponseRecorder, name string) string {
 	t.Helper()
 	for _, c := range (&http.Response{Header: w.Header()}).Cookies() {
@@ -281,9 +293,7 @@ func TestAppCookiePrefixRewrite(t *testing.T) {
 	provision(t, a)
 	pool := testPool(3)
 	// First request: no cookie; the upstream sets one; the client sees it prefixed.
-	r := request("/")
-	hk := &responseHook{r: r}
-	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	r, hk := hookedRequest("")
 	u := a.Select(pool, r, httptest.NewRecorder())
 	h := http.Header{"Set-Cookie": {"JSESSIONID=abc123; Path=/; HttpOnly", "other=1"}}
 	hk.run(h)
@@ -293,9 +303,7 @@ func TestAppCookiePrefixRewrite(t *testing.T) {
 	}
 	value := strings.TrimSuffix(strings.TrimPrefix(line, "JSESSIONID="), "; Path=/; HttpOnly")
 	// Next request: routed by the prefix, forwarded with the application's own value.
-	r2 := request("/")
-	r2.Header.Set("Cookie", "a=1; JSESSIONID="+value+"; b=2")
-	caddyhttp.SetVar(r2.Context(), hookVarKey, &responseHook{r: r2})
+	r2, _ := hookedRequest("a=1; JSESSIONID=" + value + "; b=2")
 	if got := a.Select(pool, r2, httptest.NewRecorder()); got != u {
 		t.Fatalf("prefix routed to %v, set by %v", got, u)
 	}
@@ -303,9 +311,7 @@ func TestAppCookiePrefixRewrite(t *testing.T) {
 		t.Fatalf("upstream sees %q", c)
 	}
 	// A tampered prefix: still forwarded unprefixed, and re-pinned.
-	r3 := request("/")
-	r3.Header.Set("Cookie", "JSESSIONID=AAAA"+value[4:])
-	caddyhttp.SetVar(r3.Context(), hookVarKey, &responseHook{r: r3})
+	r3, _ := hookedRequest("JSESSIONID=AAAA" + value[4:])
 	if got := a.Select(pool, r3, httptest.NewRecorder()); got == nil || r3.Header.Get("Cookie") != "JSESSIONID=abc123" {
 		t.Fatalf("tampered prefix: %v, cookie %q", got, r3.Header.Get("Cookie"))
 	}
@@ -315,24 +321,17 @@ func TestAppCookieLearn(t *testing.T) {
 	a := &AppCookie{Name: "SID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: t.Name()}}
 	provision(t, a)
 	pool := testPool(4)
-	r := request("/")
-	hk := &responseHook{r: r}
-	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	r, hk := hookedRequest("")
 	u := a.Select(pool, r, httptest.NewRecorder())
 	hk.run(http.Header{"Set-Cookie": {"SID=learned-value; Path=/"}})
 	for i := 0; i < 10; i++ {
-		r := request("/")
-		r.Header.Set("Cookie", "SID=learned-value")
-		caddyhttp.SetVar(r.Context(), hookVarKey, &responseHook{r: r})
+		r, _ := hookedRequest("SID=learned-value")
 		if got := a.Select(pool, r, httptest.NewRecorder()); got != u {
 			t.Fatalf("learned session went to %v, set by %v", got, u)
 		}
 	}
 	// A deletion forgets it.
-	r = request("/")
-	r.Header.Set("Cookie", "SID=learned-value")
-	hk = &responseHook{r: r}
-	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	r, hk = hookedRequest("SID=learned-value")
 	a.Select(pool, r, httptest.NewRecorder())
 	hk.run(http.Header{"Set-Cookie": {"SID=; Max-Age=0"}})
 	if a.core.table.Len() != 0 {
@@ -433,9 +432,7 @@ func TestAppCookieLearnCapsKeys(t *testing.T) {
 	provision(t, a)
 	pool := testPool(3)
 	huge := strings.Repeat("v", 8<<10+1)
-	r := request("/")
-	hk := &responseHook{r: r}
-	caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+	r, hk := hookedRequest("")
 	a.Select(pool, r, httptest.NewRecorder())
 	hk.run(http.Header{"Set-Cookie": {"SID=" + huge + "; Path=/"}})
 	r = request("/")
@@ -456,12 +453,11 @@ func TestAppCookiePrefixExpirySlides(t *testing.T) {
 	// visit sends value (if any), lets the upstream set setValue (if any), and returns the
 	// upstream and the client's new cookie value.
 	visit := func(value, setValue string) (*reverseproxy.Upstream, string) {
-		r := request("/")
+		cookie := ""
 		if value != "" {
-			r.Header.Set("Cookie", "JSESSIONID="+value)
+			cookie = "JSESSIONID=" + value
 		}
-		hk := &responseHook{r: r}
-		caddyhttp.SetVar(r.Context(), hookVarKey, hk)
+		r, hk := hookedRequest(cookie)
 		u := a.Select(pool, r, httptest.NewRecorder())
 		h := http.Header{}
 		if setValue != "" {

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -16,7 +17,7 @@ import (
 // when none has, they take new sessions (not the dead ones of the live zones); a backend
 // that drains itself stays drained either way.
 func TestXDSSourceDrainedZoneLastResort(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(`services:
+	f := poolstest.Parse(t, `services:
   - name: api
     protocol: http
     listen: 127.0.0.1:8080
@@ -25,10 +26,7 @@ func TestXDSSourceDrainedZoneLastResort(t *testing.T) {
       - {address: 10.0.9.1:80, zone: z1}
       - {address: 10.0.9.2:80, zone: z2}
       - {address: 10.0.9.3:80, zone: z2, drain: true}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	view := func(z1 health.State) *xdsView {
 		t.Helper()
 		cs, ls := fleetview.EncodeCaddy(f, func(_ string, b *pools.Backend) fleetview.Verdict {

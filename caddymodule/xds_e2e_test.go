@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
@@ -30,9 +32,6 @@ import (
 // httptest backends.
 
 const (
-	e2eInterval  = time.Second // the pools file's health_check interval (its minimum)
-	e2eTimeout   = 500 * time.Millisecond
-	e2eUnhealthy = 2
 	// e2ePushSlack is what a verdict may take from the checker to Caddy's view: the
 	// transition callback, one snapshot build, one ADS push and its decode (milliseconds on
 	// an idle machine; 2 s covers two cores shared by a whole test run).
@@ -63,22 +62,6 @@ func startE2EBackend(t *testing.T, name string) *e2eBackend {
 	return b
 }
 
-// e2ePools is the pools file of service api over the given backend entries.
-func e2ePools(entries ...string) string {
-	var s strings.Builder
-	fmt.Fprintf(&s, `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:1
-    health_check: {protocol: http, path: /health, interval: %s, timeout: %s, healthy_threshold: 1, unhealthy_threshold: %d}
-    backends:
-`, e2eInterval, e2eTimeout, e2eUnhealthy)
-	for _, e := range entries {
-		fmt.Fprintf(&s, "      - {%s}\n", e)
-	}
-	return s.String()
-}
-
 // e2eControlPlane is `stickylb xds` in process: the server, its health monitor, gRPC.
 type e2eControlPlane struct {
 	srv  *xds.Server
@@ -93,13 +76,7 @@ type e2eControlPlane struct {
 func startE2EControlPlane(t *testing.T, yaml string) *e2eControlPlane {
 	t.Helper()
 	cp := &e2eControlPlane{path: filepath.Join(t.TempDir(), "pools.yaml")}
-	if err := os.WriteFile(cp.path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f, err := pools.Load(cp.path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := cp.write(t, yaml)
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.ctx = ctx
 	log := zaptest.NewLogger(t)
@@ -127,8 +104,8 @@ func startE2EControlPlane(t *testing.T, yaml string) *e2eControlPlane {
 	return cp
 }
 
-// edit rewrites the pools file and applies it as `stickylb xds` does on a change.
-func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
+// write writes the pools file and loads it from disk, as `stickylb xds` reads it.
+func (cp *e2eControlPlane) write(t *testing.T, yaml string) *pools.File {
 	t.Helper()
 	if err := os.WriteFile(cp.path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -137,6 +114,13 @@ func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+// edit rewrites the pools file and applies it as `stickylb xds` does on a change.
+func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
+	t.Helper()
+	f := cp.write(t, yaml)
 	if err := cp.srv.Update(f); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +129,9 @@ func (cp *e2eControlPlane) edit(t *testing.T, yaml string) {
 	}
 }
 
-func loadXDSCaddy(t *testing.T, port int, server string) {
+// loadSite (re)loads the in-process Caddy with one site on port whose body is site (a
+// reverse_proxy block): no admin endpoint, no persisted config, no HTTPS, no logs.
+func loadSite(t *testing.T, port int, site string) {
 	t.Helper()
 	src := fmt.Sprintf(`{
 	admin off
@@ -156,7 +142,23 @@ func loadXDSCaddy(t *testing.T, port int, server string) {
 	}
 }
 http://127.0.0.1:%d {
-	reverse_proxy {
+%s
+}
+`, port, site)
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting the Caddyfile: %v", err)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading Caddy: %v", err)
+	}
+}
+
+// loadXDSCaddy loads a site proxying to service api of the control plane at server, with
+// sticky_cookie.
+func loadXDSCaddy(t *testing.T, port int, server string) {
+	t.Helper()
+	loadSite(t, port, fmt.Sprintf(`	reverse_proxy {
 		dynamic stickylb_xds {
 			server  %s
 			service api
@@ -165,16 +167,7 @@ http://127.0.0.1:%d {
 		lb_policy sticky_cookie {
 			secret {env.STICKYLB_XDS_TEST_SECRET}
 		}
-	}
-}
-`, port, server)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting the Caddyfile: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
+	}`, server))
 }
 
 // liveSub is the one subscription the test's Caddy holds, or nil.
@@ -233,21 +226,11 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	t.Setenv("STICKYLB_XDS_TEST_SECRET", testSecret)
 	b0, b1, b2 := startE2EBackend(t, "b0"), startE2EBackend(t, "b1"), startE2EBackend(t, "b2")
-	dl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := dl.Addr().String() // nothing answers there
-	dl.Close()
+	dead := fmt.Sprintf("127.0.0.1:%d", loopback.FreePort(t)) // nothing answers there
 	entry := func(addr, extra string) string { return "address: " + addr + extra }
-	cp := startE2EControlPlane(t, e2ePools(entry(b0.addr(), ""), entry(b1.addr(), ""), entry(b2.addr(), ""), entry(dead, "")))
+	cp := startE2EControlPlane(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ""), entry(b2.addr(), ""), entry(dead, "")))
 
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pl.Addr().(*net.TCPAddr).Port
-	pl.Close()
+	port := loopback.FreePort(t)
 	loadXDSCaddy(t, port, cp.addr)
 	t.Cleanup(func() { _ = caddy.Stop() })
 
@@ -295,7 +278,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 		return fmt.Sprintf("%s drain=%v", b.Health, b.Drain)
 	}
 	// Startup: every verdict within the first probe spread and the checker's thresholds.
-	startup := 2*e2eInterval + e2eTimeout + e2ePushSlack
+	startup := 2*poolstest.Interval + poolstest.Timeout + e2ePushSlack
 	waitFor(t, startup, "the first verdicts at Caddy", func() (bool, string) {
 		ok := state(dead) == "unhealthy drain=false"
 		for _, b := range []*e2eBackend{b0, b1, b2} {
@@ -319,7 +302,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	})
 
 	// Drain b1: its pinned session stays, new sessions go elsewhere.
-	cp.edit(t, e2ePools(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, "")))
+	cp.edit(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, "")))
 	took := waitFor(t, 2*time.Second, "b1 draining at Caddy", func() (bool, string) {
 		return state(b1.addr()) == "healthy drain=true", state(b1.addr())
 	})
@@ -340,7 +323,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	// Kill b2: Caddy stops sending new sessions to it once the control plane's checker
 	// has seen unhealthy_threshold failures and pushed the verdict.
 	b2.srv.Close()
-	bound := e2eInterval*e2eUnhealthy + e2eTimeout + e2ePushSlack
+	bound := poolstest.Interval*poolstest.Unhealthy + poolstest.Timeout + e2ePushSlack
 	took = waitFor(t, bound, "b2 unhealthy at Caddy", func() (bool, string) {
 		return strings.HasPrefix(state(b2.addr()), "unhealthy"), state(b2.addr())
 	})
@@ -352,7 +335,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	// Add b3 by editing the pools file: within 2 s new sessions reach it.
 	b3 := startE2EBackend(t, "b3")
 	edited := time.Now()
-	cp.edit(t, e2ePools(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, ""), entry(b3.addr(), "")))
+	cp.edit(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, ""), entry(b3.addr(), "")))
 	sent := 0
 	took = waitFor(t, 2*time.Second, "a new session on added b3", func() (bool, string) {
 		if _, ok := backendIn(b3.addr()); !ok {

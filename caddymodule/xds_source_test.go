@@ -22,7 +22,7 @@ import (
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/internal/poolstest"
 )
 
 // sourceWith returns a source serving service "api" of v for a node of zone, with no
@@ -112,37 +112,18 @@ func TestXDSSourcePick(t *testing.T) {
 	}
 }
 
-const sourcePools = `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:8080
-    cross_zone: false
-    backends:
-      - {address: 10.0.0.1:80, weight: 3, zone: z1, hash_key: one}
-      - {address: 10.0.0.2:80, zone: z2, drain: true}
-  - name: dns
-    protocol: udp
-    vip: 10.0.0.53:53
-    balance: maglev
-    backends:
-      - {address: 10.0.1.1:53}
-`
-
 // TestXDSSourceApplyAndNACK: a view from the control plane's encoding is applied (weights
 // and drains reach the policies' table by identity); one the node cannot take is refused
 // with the reason and the last view stays.
 func TestXDSSourceApplyAndNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(sourcePools))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.CaddyFleet)
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	sub := &xdsSub{log: zaptest.NewLogger(t), path: t.TempDir() + "/view.json", key: t.Name(), server: "s", node: "n"}
 	t.Cleanup(func() { xdsTable.set(sub.key, nil) })
 	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: sub.apply}
 	cs, ls := fleetview.EncodeCaddy(f, nil)
-	if len(cs) != 1 || cs[0].GetName() != "api" {
-		t.Fatalf("the Caddy view holds %d clusters, want api only", len(cs))
+	if len(cs) != 2 || cs[0].GetName() != "api" || cs[1].GetName() != "rpc" {
+		t.Fatalf("the Caddy view holds %d clusters, want api and rpc (not the VIP web)", len(cs))
 	}
 	byName := func(ms ...proto.Message) map[string]proto.Message {
 		out := map[string]proto.Message{}
@@ -161,23 +142,23 @@ func TestXDSSourceApplyAndNACK(t *testing.T) {
 	if v == nil || len(v.Services["api"].Backends) != 2 || v.Services["api"].CrossZone {
 		t.Fatalf("applied view %+v", v)
 	}
-	if w, ok := xdsTable.weight("10.0.0.1:80"); !ok || w != 3 {
-		t.Fatalf("weight of 10.0.0.1:80 in the source table: %v %v, want 3", w, ok)
+	if w, ok := xdsTable.weight("10.0.7.1:80"); !ok || w != 3 {
+		t.Fatalf("weight of 10.0.7.1:80 in the source table: %v %v, want 3", w, ok)
 	}
 	p := &WeightedLeastConn{}
-	if w := p.weight(5, &reverseproxy.Upstream{Dial: "10.0.0.1:80"}); w != 3 {
-		t.Fatalf("weighted_least_conn weighs 10.0.0.1:80 %v, want the control plane's 3", w)
+	if w := p.weight(5, &reverseproxy.Upstream{Dial: "10.0.7.1:80"}); w != 3 {
+		t.Fatalf("weighted_least_conn weighs 10.0.7.1:80 %v, want the control plane's 3", w)
 	}
-	if !drains.drained("10.0.0.2:80") || drains.drained("10.0.0.1:80") {
+	if !drains.drained("10.0.7.2:80") || drains.drained("10.0.7.1:80") {
 		t.Fatal("the control plane's drain did not reach the drain set by identity")
 	}
-	if _, listed := drains.list()["10.0.0.2:80"]; listed {
+	if _, listed := drains.list()["10.0.7.2:80"]; listed {
 		t.Fatal("a control-plane drain is listed as the operator's")
 	}
 	// A cluster a Caddy node cannot route (an L4 protocol) is refused; the view stays.
 	bad := proto.Clone(cs[0]).(*clusterv3.Cluster)
 	bad.Metadata.FilterMetadata[fleetview.MetadataKey].Fields["protocol"] = structpb.NewStringValue("udp")
-	err = a.Clusters("2", byName(bad))
+	err := a.Clusters("2", byName(bad))
 	if err == nil || !strings.Contains(err.Error(), "protocol") {
 		t.Fatalf("a udp cluster: err %v, want a protocol error", err)
 	}

@@ -10,30 +10,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
-const caddyFile = `services:
-  - name: api
-    protocol: http
-    listen: 0.0.0.0:8080
-    cross_zone: false
-    health_check: {protocol: http, path: /health}
-    backends:
-      - {address: 10.0.7.1:80, weight: 3, zone: z1, hash_key: api-1}
-      - {address: 10.0.7.2:80, zone: z2, drain: true}
-  - name: rpc
-    protocol: grpc
-    backends:
-      - {address: 10.0.8.1:50051}
-  - name: web
-    protocol: tcp
-    vip: 10.0.0.100:443
-    balance: maglev
-    backends:
-      - {address: 10.0.6.1:443}
-`
+// caddyFile: the fleet of the Caddy-group tests of xds too.
+var caddyFile = poolstest.CaddyFleet
 
 // TestCaddyRoundTrip: the Caddy view holds the http and grpc services with what a Caddy
 // node routes by (identity, address, weight, zone, drain, cross_zone, verdict and time),

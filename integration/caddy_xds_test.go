@@ -11,15 +11,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/poolstest"
 )
 
 // Caddy nodes fed by the control plane, with the real binaries: `stickylb xds` serving and
 // probing a pools file, and the Caddy built from ./cmd/caddy with `dynamic stickylb_xds`.
 
 const (
-	cxInterval  = time.Second // the pools file's health_check interval (its minimum)
-	cxTimeout   = 500 * time.Millisecond
-	cxUnhealthy = 2
 	// cxPushSlack covers the verdict's way from the checker to Caddy (one snapshot build and
 	// one ADS push: milliseconds idle) on two cores shared by the whole CI run.
 	cxPushSlack = 2 * time.Second
@@ -31,20 +30,8 @@ const (
 	cxK = 40
 )
 
-func cxPools(addrs ...string) string {
-	var s strings.Builder
-	fmt.Fprintf(&s, `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:1
-    health_check: {protocol: http, path: /health, interval: %s, timeout: %s, healthy_threshold: 1, unhealthy_threshold: %d}
-    backends:
-`, cxInterval, cxTimeout, cxUnhealthy)
-	for _, a := range addrs {
-		fmt.Fprintf(&s, "      - {address: %s}\n", a)
-	}
-	return s.String()
-}
+// cxPools is the pools file of service api over backends at addrs.
+func cxPools(addrs ...string) string { return poolstest.API(poolstest.Addresses(addrs...)...) }
 
 // writeAtomic replaces path's content in one rename, so the control plane's watcher never
 // reads half a file.
@@ -152,7 +139,7 @@ http://127.0.0.1:%d {
 			return true, ""
 		}
 	}
-	waitFor(t, 2*cxInterval+cxTimeout+cxPushSlack+10*time.Second, "Caddy serves b1 and b2 from the control plane's view", servesOnly("b1", "b2"))
+	waitFor(t, 2*poolstest.Interval+poolstest.Timeout+cxPushSlack+10*time.Second, "Caddy serves b1 and b2 from the control plane's view", servesOnly("b1", "b2"))
 
 	// A pinned session, to follow through the control plane's outage and Caddy's restart.
 	user := newClient(t, "")
@@ -174,7 +161,7 @@ http://127.0.0.1:%d {
 	// all succeed on b1 and b3 (K of them would meet b2 if it were still in the view).
 	b2.kill()
 	killed := time.Now()
-	bound := cxInterval*cxUnhealthy + cxTimeout + cxPushSlack
+	bound := poolstest.Interval*poolstest.Unhealthy + poolstest.Timeout + cxPushSlack
 	if pinnedTo == "b2" {
 		pinnedTo = "" // its session moves; checked below only when it was on b1
 	}

@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	xdsgrpc "google.golang.org/grpc/xds"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/l4xdp"
 )
 
@@ -94,23 +93,13 @@ func faPools(vip, rpc []string) string {
 // newFleetAllTopo is the fleet test's bridge (own prefix and subnet, so both can run on one
 // machine) plus a veth from the host onto it.
 func newFleetAllTopo(t *testing.T) *topo {
-	netnstest.NeedRoot(t)
-	kit := netnstest.New(t, "sla")
-	tp := &topo{t: t, root: t, kit: kit}
-	kit.AddNS("br")
-	tp.in("br", "ip", "link", "add", "br0", "type", "bridge")
-	tp.in("br", "ip", "link", "set", "br0", "up")
-	for _, h := range []string{"cl", "cl2", "lb", "lb2", "b1", "b2", "b3"} {
-		kit.AddNS(h)
-		kit.Veth("br", "v"+h, h, "eth0")
-		tp.in("br", "ip", "link", "set", "v"+h, "master", "br0")
-		tp.in(h, "ip", "addr", "add", faHosts[h]+"/24", "dev", "eth0")
-		if strings.HasPrefix(h, "b") {
-			tp.in(h, "ip", "addr", "add", vip4+"/32", "dev", "lo")
-			tp.in(h, "sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2",
-				"net.ipv4.conf.eth0.arp_ignore=1", "net.ipv4.conf.eth0.arp_announce=2")
-		}
-	}
+	tp := newLAN(t, lan{
+		prefix: "sla",
+		hosts:  []string{"cl", "cl2", "lb", "lb2", "b1", "b2", "b3"},
+		v4:     func(h string) string { return faHosts[h] },
+		via:    map[string]string{"cl": "lb", "cl2": "lb2"},
+	})
+	kit := tp.kit
 	// The host's end: deleted with the bridge's namespace; deleted first too, in case a
 	// killed run left it.
 	const hostIf = "slah0"
@@ -121,12 +110,6 @@ func newFleetAllTopo(t *testing.T) *topo {
 	kit.Run("ip", "link", "set", hostIf, "up")
 	tp.in("br", "ip", "link", "set", "vhost", "up")
 	tp.in("br", "ip", "link", "set", "vhost", "master", "br0")
-	tp.in("cl", "ip", "route", "add", vip4+"/32", "via", faHosts["lb"])
-	tp.in("cl2", "ip", "route", "add", vip4+"/32", "via", faHosts["lb2"])
-	for _, h := range []string{"cl", "cl2"} {
-		tp.in(h, "ethtool", "-K", "eth0", "tx", "off")
-	}
-	tp.pinFS = kit.BPFFS()
 	return tp
 }
 
@@ -187,17 +170,11 @@ func (b *faBackend) kill() { b.data(); b.health.Close() }
 // client) follows its edits and verdicts within the stated bounds, and fails open with it.
 // CI: about 35 s (two builds, four processes, eight namespaces).
 func TestFleetAllTiers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("every tier end to end, in namespaces: skipped under -short")
-	}
-	tp := newFleetAllTopo(t)
-	bin := buildStickylb(t)
+	tp, bin, poolsFile := startXDPTest(t, newFleetAllTopo)
 	builtCaddy(t)
-	dir := t.TempDir()
-	poolsFile := filepath.Join(dir, "pools.yaml")
+	dir := filepath.Dir(poolsFile)
 	cpAddr := fmt.Sprintf("%s:%d", faHosts["host"], faCPPort)
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	pinRoot := func(lb string) string { return filepath.Join(tp.pinFS, lb) }
 	backends := map[string]*faBackend{}
 
 	startCP := func() {
@@ -224,12 +201,12 @@ func TestFleetAllTiers(t *testing.T) {
 	}
 	startNode := func(lb string) *loaderProc {
 		return tp.startProc(lb, "", bin, "xdp", "--xds", cpAddr, "--iface", "eth0", "--mode", "native",
-			"--pin-root", pinRoot(lb), "--node-id", lb+"/xdp/eth0")
+			"--pin-root", tp.pinRoot(lb), "--node-id", lb+"/xdp/eth0")
 	}
 	// sameTables: both XDP nodes hold equal tables (as backend names), over want.
 	sameTables := func(want ...string) (bool, string) {
-		a, errA := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: pinRoot("lb")})
-		b, errB := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: pinRoot("lb2")})
+		a, errA := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot("lb")})
+		b, errB := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot("lb2")})
 		if errA != nil || errB != nil {
 			return false, fmt.Sprint(errA, errB)
 		}
@@ -309,12 +286,7 @@ func TestFleetAllTiers(t *testing.T) {
 	}
 
 	tp.phase("start", func(t *testing.T) {
-		for _, lb := range []string{"lb", "lb2"} {
-			tp.in("br", bin, "xdp", "pass", "--iface", "v"+lb, "--pin-root", tp.pinFS)
-			if err := os.MkdirAll(pinRoot(lb), 0o700); err != nil {
-				t.Fatal(err)
-			}
-		}
+		tp.readyNodes(bin, "lb", "lb2")
 		for _, h := range []string{"b1", "b2", "b3"} {
 			data, hc := tp.serve(h, faVIPPort), tp.serve(h, faVIPHealthPort)
 			backends[h] = &faBackend{data: data.kill, health: hc.lns[0]}

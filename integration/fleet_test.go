@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
 	"github.com/stickylb/stickylb/l4xdp"
 )
 
@@ -37,30 +34,12 @@ const (
 )
 
 func newFleetTopo(t *testing.T) *topo {
-	netnstest.NeedRoot(t)
-	kit := netnstest.New(t, "slf")
-	tp := &topo{t: t, root: t, kit: kit}
-	kit.AddNS("br")
-	tp.in("br", "ip", "link", "add", "br0", "type", "bridge")
-	tp.in("br", "ip", "link", "set", "br0", "up")
-	for _, h := range []string{"cl", "cl2", "lb", "lb2", "cp", "b1", "b2", "b3"} {
-		kit.AddNS(h)
-		kit.Veth("br", "v"+h, h, "eth0")
-		tp.in("br", "ip", "link", "set", "v"+h, "master", "br0")
-		tp.in(h, "ip", "addr", "add", fleetHosts[h]+"/24", "dev", "eth0")
-		if strings.HasPrefix(h, "b") {
-			tp.in(h, "ip", "addr", "add", vip4+"/32", "dev", "lo")
-			tp.in(h, "sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2",
-				"net.ipv4.conf.eth0.arp_ignore=1", "net.ipv4.conf.eth0.arp_announce=2")
-		}
-	}
-	tp.in("cl", "ip", "route", "add", vip4+"/32", "via", fleetHosts["lb"])
-	tp.in("cl2", "ip", "route", "add", vip4+"/32", "via", fleetHosts["lb2"])
-	for _, h := range []string{"cl", "cl2"} {
-		tp.in(h, "ethtool", "-K", "eth0", "tx", "off")
-	}
-	tp.pinFS = kit.BPFFS()
-	return tp
+	return newLAN(t, lan{
+		prefix: "slf",
+		hosts:  []string{"cl", "cl2", "lb", "lb2", "cp", "b1", "b2", "b3"},
+		v4:     func(h string) string { return fleetHosts[h] },
+		via:    map[string]string{"cl": "lb", "cl2": "lb2"},
+	})
 }
 
 // fleetPools is the control plane's pools file: one TCP VIP over the given backends.
@@ -169,26 +148,20 @@ func (tp *topo) reaches(ns string, n int) (map[string]int, error) {
 // step, follow its verdicts and edits, and keep forwarding through its outage.
 // CI: about 30 s (the build, three processes, eight namespaces).
 func TestFleetXDPNodes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end to end in namespaces: skipped under -short")
-	}
-	tp := newFleetTopo(t)
-	bin := buildStickylb(t)
-	poolsFile := filepath.Join(t.TempDir(), "pools.yaml")
+	tp, bin, poolsFile := startXDPTest(t, newFleetTopo)
 	cpAddr := fleetHosts["cp"] + ":18000"
 	servers := map[string]*echoServer{}
 	nodes := map[string]*loaderProc{}
-	pinRoot := func(lb string) string { return filepath.Join(tp.pinFS, lb) }
 	startCP := func() *loaderProc {
 		return tp.startProc("cp", "serving xDS", bin, "xds", "--pools", poolsFile, "--listen", cpAddr, "--poll", "100ms",
 			"--admin", "127.0.0.1:18001")
 	}
 	startNode := func(lb string) *loaderProc {
 		return tp.startProc(lb, "", bin, "xdp", "--xds", cpAddr, "--iface", "eth0", "--mode", "native",
-			"--pin-root", pinRoot(lb), "--node-id", lb+"/xdp/eth0", "--metrics", "127.0.0.1:9911")
+			"--pin-root", tp.pinRoot(lb), "--node-id", lb+"/xdp/eth0", "--metrics", "127.0.0.1:9911")
 	}
 	tables := func(lb string) (map[string]l4xdp.VIPTable, error) {
-		return l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: pinRoot(lb)})
+		return l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot(lb)})
 	}
 	// same: both nodes hold equal tables (as backend names), the VIP's table only over want.
 	same := func(want ...string) (bool, string) {
@@ -222,12 +195,7 @@ func TestFleetXDPNodes(t *testing.T) {
 	var cp *loaderProc
 
 	tp.phase("start", func(t *testing.T) {
-		for _, lb := range []string{"lb", "lb2"} {
-			tp.in("br", bin, "xdp", "pass", "--iface", "v"+lb, "--pin-root", tp.pinFS)
-			if err := os.MkdirAll(pinRoot(lb), 0o700); err != nil {
-				t.Fatal(err)
-			}
-		}
+		tp.readyNodes(bin, "lb", "lb2")
 		for _, h := range []string{"b1", "b2", "b3"} {
 			servers[h] = tp.serve(h, 80)
 		}
@@ -240,7 +208,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		var digests []string
 		for _, lb := range []string{"lb", "lb2"} {
 			var out map[string]struct{ Digest string }
-			js := tp.in(lb, bin, "xdp", "tables", "--iface", "eth0", "--pin-root", pinRoot(lb))
+			js := tp.in(lb, bin, "xdp", "tables", "--iface", "eth0", "--pin-root", tp.pinRoot(lb))
 			if err := json.Unmarshal([]byte(js), &out); err != nil || out["spread"].Digest == "" {
 				t.Fatalf("xdp tables on %s: %v\n%s", lb, err, js)
 			}
@@ -292,7 +260,7 @@ func TestFleetXDPNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		vipPackets := func() uint64 {
-			st, err := l4xdp.PinnedStats(l4xdp.Config{Iface: "eth0", PinRoot: pinRoot("lb2")})
+			st, err := l4xdp.PinnedStats(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot("lb2")})
 			if err != nil {
 				t.Fatal(err)
 			}

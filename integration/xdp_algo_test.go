@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -81,12 +80,7 @@ func (tp *topo) openN(n int, keep bool) ([]*vconn, map[string]int) {
 }
 
 func TestXDPAlgorithms(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end to end in namespaces: skipped under -short")
-	}
-	tp := newTopo(t)
-	bin := buildStickylb(t)
-	poolsFile := filepath.Join(t.TempDir(), "pools.yaml")
+	tp, bin, poolsFile := startXDPTest(t, newTopo)
 	servers := map[string]*echoServer{}
 	var lp *loaderProc
 	restart := func(content string, extra ...string) {
@@ -98,7 +92,7 @@ func TestXDPAlgorithms(t *testing.T) {
 		lp = tp.startLoader(bin, poolsFile, extra...)
 	}
 	tp.phase("start", func(t *testing.T) {
-		tp.in("br", bin, "xdp", "pass", "--iface", "vlb", "--pin-root", tp.pinFS)
+		tp.passPeer(bin, "lb")
 		for _, h := range []string{"b1", "b2", "b3"} {
 			servers[h] = tp.serve(h, 80)
 		}

@@ -14,11 +14,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/stickylb/stickylb/internal/netnstest"
-	"github.com/stickylb/stickylb/l4xdp"
-	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/xdptest"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -57,22 +56,8 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	kit := netnstest.New(t, "slxp")
-	kit.AddNS("lb")
-	kit.Veth("lb", "v0", "lb", "v1")
-	cfg := l4xdp.Config{Iface: "v0", Mode: l4xdp.ModeGeneric, PinRoot: kit.BPFFS()}
-	var l *l4xdp.Loader
-	kit.MustDo("lb", func() (err error) {
-		l, err = l4xdp.Open(cfg, zaptest.NewLogger(t))
-		return err
-	})
-	defer func() {
-		l.Close()
-		if err := l4xdp.Detach(cfg); err != nil {
-			t.Error(err)
-		}
-	}()
-	f, err := pools.Parse("pools.yaml", []byte(fmt.Sprintf(`services:
+	l := xdptest.Loader(t, "slxp")
+	f := poolstest.Parse(t, fmt.Sprintf(`services:
   - name: web
     protocol: tcp
     vip: 10.0.0.100:80
@@ -83,10 +68,7 @@ func TestXDPStatusPageBrowser(t *testing.T) {
       - {address: 127.0.0.1:80, mac: "02:00:00:00:00:01", zone: zone-a, weight: 2}
       - {address: 127.0.0.2:80, mac: "02:00:00:00:00:02", zone: zone-b}
       - {address: 127.0.0.3:80, mac: "02:00:00:00:00:03", zone: zone-b, drain: true}
-`, ln.Addr().(*net.TCPAddr).Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
+`, ln.Addr().(*net.TCPAddr).Port))
 	if err := l.Apply(t.Context(), f); err != nil {
 		t.Fatal(err)
 	}

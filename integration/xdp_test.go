@@ -46,33 +46,15 @@ const (
 	vip6 = "fd77:100::1"
 )
 
+// newTopo is the XDP tests' network: a client, the LB and three backends, dual stack.
 func newTopo(t *testing.T) *topo {
-	kit := netnstest.New(t, "sl")
-	tp := &topo{t: t, root: t, kit: kit}
-	kit.AddNS("br")
-	tp.in("br", "ip", "link", "add", "br0", "type", "bridge")
-	tp.in("br", "ip", "link", "set", "br0", "up")
-	tp.in("br", "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-	for _, h := range []string{"cl", "lb", "b1", "b2", "b3"} {
-		kit.AddNS(h)
-		kit.Veth("br", "v"+h, h, "eth0") // the bridge's side is named for the host
-		tp.in("br", "ip", "link", "set", "v"+h, "master", "br0")
-		tp.in(h, "ip", "addr", "add", hosts[h].v4+"/24", "dev", "eth0")
-		tp.in(h, "ip", "addr", "add", hosts[h].v6+"/64", "dev", "eth0", "nodad")
-		if strings.HasPrefix(h, "b") {
-			tp.in(h, "ip", "addr", "add", vip4+"/32", "dev", "lo")
-			tp.in(h, "ip", "addr", "add", vip6+"/128", "dev", "lo", "nodad")
-			tp.in(h, "sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2",
-				"net.ipv4.conf.eth0.arp_ignore=1", "net.ipv4.conf.eth0.arp_announce=2")
-		}
-	}
-	// The client reaches the VIP through the LB; frames it sends carry partial checksums,
-	// which an XDP forwarder passes on unfilled: TX checksum offload off.
-	tp.in("cl", "ip", "route", "add", vip4+"/32", "via", hosts["lb"].v4)
-	tp.in("cl", "ip", "-6", "route", "add", vip6+"/128", "via", hosts["lb"].v6)
-	tp.in("cl", "ethtool", "-K", "eth0", "tx", "off")
-	tp.pinFS = kit.BPFFS()
-	return tp
+	return newLAN(t, lan{
+		prefix: "sl",
+		hosts:  []string{"cl", "lb", "b1", "b2", "b3"},
+		v4:     func(h string) string { return hosts[h].v4 },
+		v6:     func(h string) string { return hosts[h].v6 },
+		via:    map[string]string{"cl": "lb"},
+	})
 }
 
 // phase runs one phase of a test as a subtest (its failures are its own) and stops the test
@@ -232,23 +214,7 @@ type vconn struct {
 }
 
 // dial connects from the client namespace and reads which backend answered.
-func (tp *topo) dial(addr string) (*vconn, error) {
-	var c net.Conn
-	var err error
-	tp.inNS("cl", func() { c, err = net.DialTimeout("tcp", addr, 3*time.Second) })
-	if err != nil {
-		return nil, err
-	}
-	c.SetDeadline(time.Now().Add(3 * time.Second))
-	r := bufio.NewReader(c)
-	name, err := r.ReadString('\n')
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("reading the backend's name: %w", err)
-	}
-	tp.root.Cleanup(func() { c.Close() })
-	return &vconn{c: c, r: r, backend: strings.TrimSpace(name)}, nil
-}
+func (tp *topo) dial(addr string) (*vconn, error) { return tp.dialVia("cl", addr) }
 
 func (v *vconn) echo() error {
 	v.c.SetDeadline(time.Now().Add(3 * time.Second))
@@ -285,40 +251,8 @@ type loaderProc struct {
 
 // startLoader runs `stickylb xdp` in the LB namespace and waits for "ready".
 func (tp *topo) startLoader(bin, poolsFile string, extra ...string) *loaderProc {
-	t := tp.t
-	args := append([]string{"netns", "exec", tp.kit.Name("lb"), bin, "xdp", "--pools", poolsFile, "--iface", "eth0",
-		"--mode", "native", "--pin-root", tp.pinFS, "--poll", "100ms"}, extra...)
-	cmd := exec.Command("ip", args...)
-	stdout, _ := cmd.StdoutPipe()
-	lp := &loaderProc{cmd: cmd, done: make(chan struct{}), log: &strings.Builder{}}
-	cmd.Stderr = &lockedWriter{lp}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "ready" {
-				close(ready)
-			}
-		}
-	}()
-	go func() { cmd.Wait(); close(lp.done) }()
-	tp.root.Cleanup(func() {
-		lp.stop()
-		if tp.root.Failed() {
-			t.Logf("loader log:\n%s", lp.String())
-		}
-	})
-	select {
-	case <-ready:
-	case <-lp.done:
-		t.Fatalf("loader exited:\n%s", lp.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("loader not ready:\n%s", lp.String())
-	}
-	return lp
+	return tp.startProc("lb", "", append([]string{bin, "xdp", "--pools", poolsFile, "--iface", "eth0",
+		"--mode", "native", "--pin-root", tp.pinFS, "--poll", "100ms"}, extra...)...)
 }
 
 type lockedWriter struct{ lp *loaderProc }
@@ -397,12 +331,7 @@ func readCounter(tp *topo, h, what string) int64 {
 // TestXDPEndToEnd runs the forwarder through the life of a deployment, one phase after
 // another (each a subtest; a failed phase stops the rest, which build on it).
 func TestXDPEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end to end in namespaces: skipped under -short")
-	}
-	tp := newTopo(t)
-	bin := buildStickylb(t)
-	poolsFile := filepath.Join(t.TempDir(), "pools.yaml")
+	tp, bin, poolsFile := startXDPTest(t, newTopo)
 	servers := map[string]*echoServer{}
 	var lp, lp2 *loaderProc
 	var conns []*vconn
@@ -427,7 +356,7 @@ func TestXDPEndToEnd(t *testing.T) {
 			t.Fatalf("the LB holds the VIP:\n%s", out)
 		}
 		// XDP_TX out of a veth delivers only when its peer runs an XDP program.
-		tp.in("br", bin, "xdp", "pass", "--iface", "vlb", "--pin-root", tp.pinFS)
+		tp.passPeer(bin, "lb")
 		for _, h := range []string{"b1", "b2", "b3"} {
 			servers[h] = tp.serve(h, 80, 81)
 			tp.serveUDP(h)

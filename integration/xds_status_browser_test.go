@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -13,33 +12,17 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
 	"github.com/stickylb/stickylb/xds"
 )
-
-const xdsStatusPools = `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:18080
-    backends:
-      - {address: 10.0.7.1:80, zone: zone-a}
-      - {address: 10.0.7.2:80, zone: zone-b, drain: true}
-  - name: web
-    protocol: tcp
-    vip: 10.0.0.100:443
-    affinity: {mode: source_ip}
-    balance: maglev
-    hash: {table_size: 251}
-    backends:
-      - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01", zone: zone-a}
-`
 
 // statusNode connects one node to the control plane as stickylb's own ADS client does,
 // accepting every response (so it ACKs each version).
@@ -72,10 +55,7 @@ func TestXDSStatusPageBrowser(t *testing.T) {
 		t.Skip("browser test")
 	}
 	ctx := newBrowser(t)
-	f, err := pools.Parse("pools.yaml", []byte(xdsStatusPools))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.Fleet)
 	view := func(_ string, b *pools.Backend) health.State {
 		if b.Address == "10.0.7.1:80" {
 			return health.Unhealthy
@@ -90,15 +70,7 @@ func TestXDSStatusPageBrowser(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	s.Register(g)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	addr := ln.Addr().String()
+	addr := grpctest.Serve(t, s.Register)
 	admin := httptest.NewServer(s.AdminHandler())
 	t.Cleanup(admin.Close)
 
@@ -118,8 +90,8 @@ func TestXDSStatusPageBrowser(t *testing.T) {
 	})
 
 	run(t, ctx, 30*time.Second, chromedp.Navigate(admin.URL+"/"))
-	pageWait(t, ctx, 10*time.Second, "three nodes and three backends",
-		`document.querySelectorAll(".row[data-node]").length === 3 && document.querySelectorAll(".row[data-id]").length === 3`)
+	pageWait(t, ctx, 10*time.Second, "three nodes and four backends",
+		`document.querySelectorAll(".row[data-node]").length === 3 && document.querySelectorAll(".row[data-id]").length === 4`)
 	// Zones in order, each with its nodes; each row with the versions its node ACKed.
 	got := run(t, ctx, 5*time.Second, chromedp.Evaluate[string](`Array.from(document.querySelectorAll("#nodes .sum b, #nodes .row[data-node]")).map(e => e.dataset.node ? e.dataset.node + "=" + e.innerText.replace(/\s+/g, " ") : "[" + e.innerText + "]").join(" ")`))
 	for _, n := range snap.Nodes {

@@ -43,6 +43,9 @@ type Loader struct {
 	// table generation).
 	seen map[string]health.Transition
 	gens map[string]uint64
+	// natBackends: the backends of the last apply reached by NAT (the maintenance loop keeps
+	// their next hops resolved).
+	natBackends []*pools.Backend
 	// maintStop ends the loop that steps ramps and recounts active connections.
 	maintStop, maintDone chan struct{}
 }

@@ -36,6 +36,30 @@ func newLoaderRig(t *testing.T) *loaderRig {
 
 func (r *loaderRig) open() *Loader { return r.openWith(Options{}) }
 
+// detachAtEnd closes l and detaches the program when the test ends (a failed detach fails
+// it), before the kit removes the namespace.
+func (r *loaderRig) detachAtEnd(l *Loader) *Loader {
+	r.t.Cleanup(func() {
+		l.Close()
+		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
+			r.t.Error(err)
+		}
+	})
+	return l
+}
+
+// healthPort listens on 127.0.0.1 until the test ends, for TCP health checks that dial
+// from the test's namespace, and returns the listener and its port.
+func healthPort(t *testing.T) (net.Listener, int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln, ln.Addr().(*net.TCPAddr).Port
+}
+
 func (r *loaderRig) openWith(o Options) *Loader {
 	r.t.Helper()
 	var l *Loader
@@ -170,13 +194,7 @@ func TestLoaderEditsAndRestart(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l2 := r.open()
-	defer func() {
-		l2.Close()
-		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
-			t.Error(err)
-		}
-	}()
+	l2 := r.detachAtEnd(r.open())
 	r.apply(l2, moved)
 	after := slotsOf(t, l2.Tables())
 	for n, s := range before {
@@ -216,13 +234,7 @@ func TestLoaderReplacesPinnedMapsThatDoNotFit(t *testing.T) {
 	slots := slotsOf(t, l.Tables())
 	l.Close()
 	// A larger table on the next start: replaced again; names, and so slots, kept.
-	l2 := r.openWith(Options{ConnTableSize: 8192})
-	defer func() {
-		l2.Close()
-		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
-			t.Error(err)
-		}
-	}()
+	l2 := r.detachAtEnd(r.openWith(Options{ConnTableSize: 8192}))
 	if info, err := l2.Tables().objs.Conns.Info(); err != nil || info.MaxEntries != 8192 {
 		t.Fatalf("connection table after a resize: %+v, %v", info, err)
 	}
@@ -288,20 +300,9 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() (bo
 // checks probe this process's loopback (the checker dials from the test's namespace):
 // 127.0.0.1 answers while the test listens, 127.0.0.2 never does.
 func TestLoaderPanicWhenEveryBackendIsDown(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	port := ln.Addr().(*net.TCPAddr).Port
+	ln, port := healthPort(t)
 	r := newLoaderRig(t)
-	l := r.open()
-	defer func() {
-		l.Close()
-		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
-			t.Error(err)
-		}
-	}()
+	l := r.detachAtEnd(r.open())
 	r.apply(l, fmt.Sprintf(`services:
   - name: a
     protocol: udp

@@ -176,44 +176,15 @@ func natReason(s *pools.Service, b *pools.Backend) string {
 
 // resolveNextHops makes the kernel resolve the next hop of every NAT backend (the FIB lookup
 // of the program finds a route but sends nothing while the neighbour is unknown), waiting up
-// to 3 s; a next hop still unresolved is logged, not fatal: the kernel keeps trying, and the
-// program counts what it drops meanwhile (nat_no_route).
-func (l *Loader) resolveNextHops(bs []*pools.Backend) {
-	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
-	deadline := time.Now().Add(3 * time.Second)
+// to wait; a next hop still unresolved is logged, not fatal: the kernel keeps trying, and the
+// program counts what it drops meanwhile (nat_no_route). The maintenance loop calls it again
+// with no wait, so a neighbour entry the kernel dropped (the kernel's own traffic never uses
+// it: XDP sends past it) is asked for again.
+func (l *Loader) resolveNextHops(bs []*pools.Backend, wait time.Duration) {
+	deadline := time.Now().Add(wait)
 	for len(bs) > 0 {
-		var still []*pools.Backend
-		for _, b := range bs {
-			ip := net.IP(b.AddrPort().Addr().Unmap().AsSlice())
-			routes, err := netlink.RouteGet(ip)
-			if err != nil || len(routes) == 0 {
-				still = append(still, b)
-				continue
-			}
-			hop := routes[0].Gw
-			if hop == nil {
-				hop = ip
-			}
-			neighs, err := netlink.NeighList(routes[0].LinkIndex, netlink.FAMILY_ALL)
-			if err != nil {
-				still = append(still, b)
-				continue
-			}
-			if !slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
-				return n.IP.Equal(hop) && len(n.HardwareAddr) == 6 && n.State&usable != 0
-			}) {
-				still = append(still, b)
-			}
-		}
-		bs = still
+		bs = slices.DeleteFunc(slices.Clone(bs), nextHopKnown)
 		if len(bs) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			for _, b := range bs {
-				l.log.Warn("the next hop of a NAT backend is not resolved yet: its flows are dropped (nat_no_route) until it is",
-					zap.String("backend", b.Address))
-			}
 			return
 		}
 		for _, b := range bs { // a datagram makes the kernel resolve the next hop
@@ -222,8 +193,39 @@ func (l *Loader) resolveNextHops(bs []*pools.Backend) {
 				c.Close()
 			}
 		}
+		if time.Now().After(deadline) {
+			if wait > 0 {
+				for _, b := range bs {
+					l.log.Warn("the next hop of a NAT backend is not resolved yet: its flows are dropped (nat_no_route) until it is",
+						zap.String("backend", b.Address))
+				}
+			}
+			return
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// nextHopKnown says whether the kernel has a usable neighbour entry for the next hop toward
+// backend b.
+func nextHopKnown(b *pools.Backend) bool {
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
+	ip := net.IP(b.AddrPort().Addr().Unmap().AsSlice())
+	routes, err := netlink.RouteGet(ip)
+	if err != nil || len(routes) == 0 {
+		return false
+	}
+	hop := routes[0].Gw
+	if hop == nil {
+		hop = ip
+	}
+	neighs, err := netlink.NeighList(routes[0].LinkIndex, netlink.FAMILY_ALL)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
+		return n.IP.Equal(hop) && len(n.HardwareAddr) == 6 && n.State&usable != 0
+	})
 }
 
 // SweepNAT removes the reply entries of NAT flows that are over: idle past their timeout, or

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -112,7 +113,8 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	if err != nil {
 		return err
 	}
-	l.resolveNextHops(viaNAT)
+	l.resolveNextHops(viaNAT, 3*time.Second)
+	l.natBackends = viaNAT
 	for name, ps := range plan {
 		for i := range ps {
 			ps[i].mac = macs[ps[i].b]

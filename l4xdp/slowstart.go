@@ -137,6 +137,10 @@ func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 				if _, err := l.fw.SweepNAT(); err != nil {
 					l.log.Warn("sweeping ended NAT flows", zap.Error(err))
 				}
+				l.mu.Lock()
+				nat := l.natBackends
+				l.mu.Unlock()
+				l.resolveNextHops(nat, 0)
 			}
 		}
 	}()

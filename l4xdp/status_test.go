@@ -3,7 +3,6 @@ package l4xdp
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -17,20 +16,9 @@ import (
 // program's active counters), a backend added with slow start ramping, the table
 // generation moving with each rebuild and the path counters equal to the program's.
 func TestLoaderStatus(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	port := ln.Addr().(*net.TCPAddr).Port
+	_, port := healthPort(t)
 	r := newLoaderRig(t)
-	l := r.open()
-	defer func() {
-		l.Close()
-		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
-			t.Error(err)
-		}
-	}()
+	l := r.detachAtEnd(r.open())
 	file := func(extra string) string {
 		return fmt.Sprintf(`services:
   - name: web

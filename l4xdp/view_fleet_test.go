@@ -132,13 +132,14 @@ func flowBackends(t *testing.T, l *Loader, n int) []int {
 	return out
 }
 
-// fedFile: web on 10.0.0.100:80, checked by the control plane, with a 200 s slow-start
-// window (steps of 10 s, long beside the test's run), backends 10.0.5.1.. with MACs whose
+// fedFile: web on 10.0.0.100:80, checked by the control plane, with a 2000 s slow-start
+// window (steps of 100 s: a step boundary is 50 s from every time the test uses, far beyond the
+// seconds its loaders take to load on a loaded machine), backends 10.0.5.1.. with MACs whose
 // last byte is the backend's number.
 func fedFile(backends int) string {
 	var b strings.Builder
 	b.WriteString("services:\n  - name: web\n    protocol: tcp\n    vip: 10.0.0.100:80\n    hash: {table_size: 1021}\n" +
-		"    health_check: {protocol: tcp}\n    slow_start: {window: 200s, aggression: 1, min_weight_percent: 10}\n    backends:\n")
+		"    health_check: {protocol: tcp}\n    slow_start: {window: 2000s, aggression: 1, min_weight_percent: 10}\n    backends:\n")
 	for i := 1; i <= backends; i++ {
 		fmt.Fprintf(&b, "      - {address: 10.0.5.%d:80, mac: \"02:00:00:00:05:%02x\"}\n", i, i)
 	}
@@ -154,9 +155,9 @@ func fedFile(backends int) string {
 func TestFedSlowStartSameStep(t *testing.T) {
 	now := time.Now()
 	const b2 = "web/10.0.5.2:80"
-	down := map[string]fleetview.Verdict{b2: {State: health.Unhealthy, Since: now.Add(-300 * time.Second)}}
-	// 105 s into a 200 s window: step 10 of 20, factor 0.5, 5 s from either edge.
-	up := map[string]fleetview.Verdict{b2: {State: health.Healthy, Since: now.Add(-105 * time.Second)}}
+	down := map[string]fleetview.Verdict{b2: {State: health.Unhealthy, Since: now.Add(-3000 * time.Second)}}
+	// 1050 s into a 2000 s window: step 10 of 20, factor 0.5, 50 s from either edge.
+	up := map[string]fleetview.Verdict{b2: {State: health.Healthy, Since: now.Add(-1050 * time.Second)}}
 
 	a, b := newFedLoader(t, ""), newFedLoader(t, "")
 	feed(t, a, fedFile(4), down)
@@ -210,10 +211,10 @@ func TestFedSlowStartSameStep(t *testing.T) {
 		t.Errorf("a transition just now: weight %d, want 10 (min_weight_percent)", w)
 	}
 
-	// A backend first seen in a view, found healthy 155 s ago: step 15, factor 0.75, on
+	// A backend first seen in a view, found healthy 1550 s ago: step 15, factor 0.75, on
 	// both nodes.
 	const b5 = "web/10.0.5.5:80"
-	up[b5] = fleetview.Verdict{State: health.Healthy, Since: now.Add(-155 * time.Second)}
+	up[b5] = fleetview.Verdict{State: health.Healthy, Since: now.Add(-1550 * time.Second)}
 	feed(t, a, fedFile(5), up)
 	feed(t, b, fedFile(5), up)
 	for name, l := range map[string]*Loader{"a": a, "b": b} {
@@ -301,7 +302,7 @@ func TestFedZones(t *testing.T) {
 // to its full weight within the window, plus the loop's tick and a stated slack.
 func TestFedSlowStartStepsWithoutViews(t *testing.T) {
 	const window = time.Second
-	src := strings.Replace(fedFile(2), "window: 200s", "window: 1s", 1)
+	src := strings.Replace(fedFile(2), "window: 2000s", "window: 1s", 1)
 	l := newFedLoader(t, "")
 	const b2 = "web/10.0.5.2:80"
 	feed(t, l, src, map[string]fleetview.Verdict{b2: {State: health.Unhealthy}})

@@ -13,13 +13,7 @@ import (
 // is refused and the maps keep the last view.
 func TestLoaderApplyView(t *testing.T) {
 	r := newLoaderRig(t)
-	l := r.open()
-	defer func() {
-		l.Close()
-		if err := Detach(Config{Iface: "v0", PinRoot: r.pin}); err != nil {
-			t.Error(err)
-		}
-	}()
+	l := r.detachAtEnd(r.open())
 	f, err := pools.Parse("pools.yaml", []byte(loaderPoolsA))
 	if err != nil {
 		t.Fatal(err)

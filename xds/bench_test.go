@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -27,10 +28,7 @@ func bigPools(b testing.TB, services, endpoints int, port int) *pools.File {
 			fmt.Fprintf(&sb, "      - {address: \"10.%d.%d.%d:%d\", weight: %d, zone: zone-%c}\n", s/250, s%250, e+1, port, 1+e%3, 'a'+rune(e%3))
 		}
 	}
-	f, err := pools.Parse("big.yaml", []byte(sb.String()))
-	if err != nil {
-		b.Fatal(err)
-	}
+	f := poolstest.Parse(b, sb.String())
 	return f
 }
 

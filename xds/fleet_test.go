@@ -16,37 +16,23 @@ import (
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
-	"github.com/stickylb/stickylb/policies/pools"
 )
 
-const fleetPools = `services:
-  - name: api
-    protocol: http
-    listen: 127.0.0.1:8080
-    backends:
-      - {address: 10.0.7.1:80}
-  - name: web
-    protocol: tcp
-    vip: 10.0.0.100:443
-    affinity: {mode: source_ip}
-    balance: maglev
-    hash: {table_size: 251}
-    backends:
-      - {address: 10.0.6.1:443, mac: "02:00:00:00:06:01"}
-      - {address: 10.0.6.2:443, weight: 2}
-`
-
-// xdpNode is an XDP node's subscription as `stickylb xdp --xds` makes it, applying into
-// memory instead of a forwarder.
-type xdpNode struct {
+// fleetNode is a node's subscription as `stickylb xdp --xds` or the stickylb_xds source
+// makes it (its user agent and decoder say which), applying into memory instead of a
+// forwarder or a proxy.
+type fleetNode struct {
 	c       *adsclient.Client
 	mu      sync.Mutex
 	views   []*fleetview.View
 	rejects int
 }
 
-func (n *xdpNode) last() (*fleetview.View, int, int) {
+// last is the view the node applied last (nil before the first), how many it applied, and
+// how many it rejected.
+func (n *fleetNode) last() (*fleetview.View, int, int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(n.views) == 0 {
@@ -55,15 +41,30 @@ func (n *xdpNode) last() (*fleetview.View, int, int) {
 	return n.views[len(n.views)-1], len(n.views), n.rejects
 }
 
-func startXDPNode(t *testing.T, addr, id, userAgent string) *xdpNode {
+// startXDPNode subscribes an XDP node (or another agent decoding views as XDP does).
+func startXDPNode(t *testing.T, addr, id, userAgent string) *fleetNode {
 	t.Helper()
-	c, err := adsclient.New(adsclient.Config{Server: addr, NodeID: id, UserAgentName: userAgent,
-		Backoff: adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, zaptest.NewLogger(t))
+	return startFleetNode(t, adsclient.Config{Server: addr, NodeID: id, UserAgentName: userAgent}, nil)
+}
+
+// startCaddyNode subscribes a Caddy node of zone (may be "").
+func startCaddyNode(t *testing.T, addr, id, zone string) *fleetNode {
+	t.Helper()
+	return startFleetNode(t, adsclient.Config{Server: addr, NodeID: id, Zone: zone, UserAgentName: fleetview.UserAgentCaddy},
+		fleetview.DecodeCaddy)
+}
+
+// startFleetNode subscribes a node as cfg says, with a short reconnect backoff, decoding
+// views with decode (nil: the XDP view).
+func startFleetNode(t *testing.T, cfg adsclient.Config, decode func(clusters, assignments map[string]proto.Message) (*fleetview.View, error)) *fleetNode {
+	t.Helper()
+	cfg.Backoff = adsclient.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}
+	c, err := adsclient.New(cfg, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &xdpNode{c: c}
-	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
+	n := &fleetNode{c: c}
+	a := &fleetview.Assembler{Decode: decode, Apply: func(v *fleetview.View) error {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		n.views = append(n.views, v)
@@ -96,14 +97,20 @@ func startXDPNode(t *testing.T, addr, id, userAgent string) *xdpNode {
 	return n
 }
 
+// waitOneNACK waits until s has counted one NACK and rolled its node back.
+func waitOneNACK(t *testing.T, s *Server) {
+	t.Helper()
+	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
+		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
+			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
+	})
+}
+
 // TestXDPNodeView: a node with the XDP user agent gets the vip services with the control
 // plane's verdicts (and when they changed), nothing else; an Envoy node on the same server
 // gets the Envoy resources, as before; a health transition reaches the XDP node.
 func TestXDPNodeView(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(fleetPools))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.Fleet)
 	states := newStateView(map[string]health.State{"10.0.6.1:443": health.Healthy})
 	s, addr := startXDSWithView(t, f, states.view)
 
@@ -172,10 +179,7 @@ func TestXDPNodeView(t *testing.T) {
 // types it subscribed to (CDS and EDS), and does not send the rejected version again; the
 // node keeps its last view; the next good version is applied.
 func TestXDPNodeNACK(t *testing.T) {
-	f, err := pools.Parse("pools.yaml", []byte(fleetPools))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, poolstest.Fleet)
 	s, addr := startXDS(t, f)
 	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
 	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
@@ -191,10 +195,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
-		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
-			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
-	})
+	waitOneNACK(t, s)
 	settled := s.Stats.Pushes.Load()
 	// Bounded observation: a server re-sending the rejected version would do so within the
 	// client's NACK hold (20 ms doubling to 200 ms here), so 1 s would show several.
@@ -206,10 +207,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	}
 	t.Logf("pushes for the bad version and its rollback: %d", settled-pushes)
 	s.mutateXDP = nil
-	f2, err := pools.Parse("pools.yaml", []byte(fleetPools+"      - {address: 10.0.6.3:443}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f2 := poolstest.Parse(t, poolstest.Fleet+"      - {address: 10.0.6.3:443}\n")
 	if err := s.Update(f2); err != nil {
 		t.Fatal(err)
 	}

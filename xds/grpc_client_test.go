@@ -18,6 +18,7 @@ import (
 
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -113,10 +114,7 @@ func grpcPools(t *testing.T, bs []*grpcBackend, weights []int, extra string) *po
 	for i, be := range bs {
 		fmt.Fprintf(&b, "      - {address: %q, weight: %d, zone: zone-a}\n", be.addr, weights[i])
 	}
-	f, err := pools.Parse("grpc.yaml", []byte(b.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, b.String())
 	return f
 }
 

@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -18,10 +20,7 @@ import (
 // startMonitored serves src with the fleet health checker wired in, as `stickylb xds` does.
 func startMonitored(t *testing.T, src string) (*Server, *health.Monitor, string) {
 	t.Helper()
-	f, err := pools.Parse("zones.yaml", []byte(src))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, src)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	var s *Server
@@ -34,12 +33,7 @@ func startMonitored(t *testing.T, src string) (*Server, *health.Monitor, string)
 	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	s.Register(g)
-	ln := listen(t)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	return s, mon, ln.Addr().String()
+	return s, mon, grpctest.Serve(t, s.Register)
 }
 
 func callsTo(ctx context.Context, t *testing.T, cc *grpc.ClientConn, n int) map[string]int {
@@ -136,7 +130,7 @@ func TestZoneShift(t *testing.T) {
 		return fmt.Sprintf("services:\n  - name: api\n    protocol: grpc\n    balance: weighted_least_conn\n    cross_zone: false\n    drained_zones: [%s]\n    backends:\n      - {address: %q, zone: zone-a}\n      - {address: %q, zone: zone-a}\n      - {address: %q, zone: zone-b}\n",
 			drained, bs[0].addr, bs[1].addr, bs[2].addr)
 	}
-	f, _ := pools.Parse("z.yaml", []byte(src("")))
+	f := poolstest.Parse(t, src(""))
 	s, addr := startXDS(t, f)
 	cc := dialXDS(t, addr, "shift-client", "zone-a", "api")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -144,10 +138,7 @@ func TestZoneShift(t *testing.T) {
 	if c := callsTo(ctx, t, cc, 30); c["b3"] != 0 {
 		t.Fatalf("before the shift: %v", c)
 	}
-	shifted, err := pools.Parse("z.yaml", []byte(src("zone-a")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	shifted := poolstest.Parse(t, src("zone-a"))
 	if err := s.Update(shifted); err != nil {
 		t.Fatal(err)
 	}

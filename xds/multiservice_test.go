@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/internal/poolstest"
 )
 
 // TestGRPCClientBesideOtherServices: a grpc-go client subscribes to its own service's
@@ -26,10 +26,7 @@ func TestGRPCClientBesideOtherServices(t *testing.T) {
 		}
 	}
 	b.WriteString("  - name: web\n    protocol: http\n    listen: 127.0.0.1:18299\n    backends: [{address: 127.0.0.1:18298}]\n")
-	f, err := pools.Parse("multi.yaml", []byte(b.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, b.String())
 	_, addr := startXDS(t, f)
 	cc := dialXDS(t, addr, "grpc-multi", "zone-a", "api")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

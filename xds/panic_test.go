@@ -14,6 +14,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -107,7 +108,7 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 // one keeps its status (UNHEALTHY when down), so it gets no new sessions; a service with
 // one backend unprobed (Unknown) is not in panic; one with every backend draining neither.
 func TestPanicStatuses(t *testing.T) {
-	f, err := pools.Parse("p.yaml", []byte(`services:
+	f := poolstest.Parse(t, `services:
   - name: api
     protocol: grpc
     drained_zones: [zone-c]
@@ -116,10 +117,7 @@ func TestPanicStatuses(t *testing.T) {
       - {address: "10.0.0.2:80", zone: zone-b}
       - {address: "10.0.0.3:80", zone: zone-a, drain: true}
       - {address: "10.0.0.4:80", zone: zone-c}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	down := func(string, *pools.Backend) health.State { return health.Unhealthy }
 	statuses := func(view HealthView) map[string]corev3.HealthStatus {
 		r, err := Translate(f, Node{Zone: "zone-a"}, view)

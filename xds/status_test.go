@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
@@ -25,10 +26,7 @@ func statusPools(t *testing.T, bs []*grpcBackend) *pools.File {
 		fmt.Fprintf(&b, "      - {address: %q, weight: %d, zone: zone-a%s}\n", be.addr, i+1, map[bool]string{true: ", drain: true"}[i == 2])
 	}
 	b.WriteString("  - name: web\n    protocol: tcp\n    vip: 10.0.0.100:443\n    affinity: {mode: source_ip}\n    balance: maglev\n    hash: {table_size: 251}\n    backends:\n      - {address: 10.0.6.1:443, mac: \"02:00:00:00:06:01\", zone: zone-b}\n")
-	f, err := pools.Parse("status.yaml", []byte(b.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, b.String())
 	return f
 }
 

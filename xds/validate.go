@@ -17,11 +17,6 @@ import (
 
 type allValidator interface{ ValidateAll() error }
 
-// Validate checks m as Envoy would before it is served: PGV rules (ValidateAll) on m and on
-// every message packed in an Any inside it, which PGV does not open, and the semantic checks
-// Envoy makes that PGV cannot express.
-func Validate(m proto.Message) error { return newValidator().validate(m) }
-
 // validator remembers, per message type, whether an Any can sit anywhere below it: the walk
 // for Anys skips the subtrees that cannot hold one (endpoints, addresses, most of a cluster).
 type validator struct {

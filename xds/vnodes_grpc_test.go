@@ -11,6 +11,7 @@ import (
 
 	"github.com/stickylb/stickylb/internal/grpctest"
 	"github.com/stickylb/stickylb/internal/healthtest"
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -42,10 +43,7 @@ func TestGRPCVirtualNodesWeighted(t *testing.T) {
 		for i := range n {
 			fmt.Fprintf(&b, "      - {address: %q, weight: %d}\n", bs[i].addr, weights[i])
 		}
-		f, err := pools.Parse("w.yaml", []byte(b.String()))
-		if err != nil {
-			t.Fatal(err)
-		}
+		f := poolstest.Parse(t, b.String())
 		return f
 	}
 	var sw healthtest.Switch

@@ -8,6 +8,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	ringhashv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/ring_hash/v3"
 
+	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -33,10 +34,7 @@ func TestVirtualNodesRingSizes(t *testing.T) {
 		for _, s := range bs {
 			b.WriteString("      - " + s + "\n")
 		}
-		f, err := pools.Parse("v.yaml", []byte(b.String()))
-		if err != nil {
-			t.Fatal(err)
-		}
+		f := poolstest.Parse(t, b.String())
 		return f
 	}
 	down := func(addrs ...string) HealthView {
@@ -82,10 +80,7 @@ func TestVirtualNodesRingSizes(t *testing.T) {
 		}
 	}
 	// Without virtual_nodes the file's sizes are served as written.
-	f, err := pools.Parse("v.yaml", []byte("services:\n  - {name: api, protocol: grpc, affinity: {mode: header, header: {name: x}}, balance: ring_hash, hash: {min_ring_size: 2048}, backends: [{address: 10.0.0.1:80}]}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := poolstest.Parse(t, "services:\n  - {name: api, protocol: grpc, affinity: {mode: header, header: {name: x}}, balance: ring_hash, hash: {min_ring_size: 2048}, backends: [{address: 10.0.0.1:80}]}\n")
 	r, err := Translate(f, Node{ID: "n"}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -11,8 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
-	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/internal/xdptest"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
 )
@@ -21,22 +20,7 @@ import (
 // namespace of the test's own) serves the status page at its root, status.json beside it
 // with the file's VIP and backends, and the metrics still at /metrics.
 func TestXDPMetricsAddressServesStatus(t *testing.T) {
-	netnstest.NeedRoot(t)
-	kit := netnstest.New(t, "slst")
-	kit.AddNS("lb")
-	kit.Veth("lb", "v0", "lb", "v1")
-	cfg := l4xdp.Config{Iface: "v0", Mode: l4xdp.ModeGeneric, PinRoot: kit.BPFFS()}
-	var l *l4xdp.Loader
-	kit.MustDo("lb", func() (err error) {
-		l, err = l4xdp.Open(cfg, zaptest.NewLogger(t))
-		return err
-	})
-	defer func() {
-		l.Close()
-		if err := l4xdp.Detach(cfg); err != nil {
-			t.Error(err)
-		}
-	}()
+	l := xdptest.Loader(t, "slst")
 	f, err := pools.Parse("pools.yaml", []byte(strings.Replace(xdpPools, "10.200.0.77:80}", `10.200.0.77:80, mac: "02:00:00:00:00:77", zone: z1}`, 1)))
 	if err != nil {
 		t.Fatal(err)

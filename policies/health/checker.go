@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 )
@@ -96,14 +95,6 @@ func NewChecker(cfg Config, opts ...Option) (*Checker, error) {
 		c.prober = &icmpProber{forced: o.icmpMode}
 	}
 	return c, nil
-}
-
-// Config returns the configuration the Checker runs with, defaults applied.
-func (c *Checker) Config() Config {
-	cfg := c.cfg
-	cfg.ExpectStatus = slices.Clone(cfg.ExpectStatus)
-	cfg.ExpectRanges = slices.Clone(cfg.ExpectRanges)
-	return cfg
 }
 
 // SetTargets replaces the set of probed targets. Targets whose ID and
@@ -361,19 +352,6 @@ func (c *Checker) Watch(ctx context.Context, buf int, fn func(Transition)) (loop
 	}
 }
 
-// Status reports whether target id is healthy and since when. known is
-// false when id is not a target or has not been probed yet (State Unknown,
-// which is routable: see State.Routable); since is then when it was added.
-func (c *Checker) Status(id string) (healthy bool, since time.Time, known bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	tg, ok := c.targets[id]
-	if !ok {
-		return false, time.Time{}, false
-	}
-	return tg.m.state == Healthy, tg.m.since, tg.m.state != Unknown
-}
-
 // Lookup returns the full status of target id, false when it is not a
 // target.
 func (c *Checker) Lookup(id string) (TargetStatus, bool) {
@@ -384,18 +362,6 @@ func (c *Checker) Lookup(id string) (TargetStatus, bool) {
 		return TargetStatus{}, false
 	}
 	return tg.status(), true
-}
-
-// Snapshot returns the status of every target, sorted by ID.
-func (c *Checker) Snapshot() []TargetStatus {
-	c.mu.Lock()
-	out := make([]TargetStatus, 0, len(c.targets))
-	for _, tg := range c.targets {
-		out = append(out, tg.status())
-	}
-	c.mu.Unlock()
-	slices.SortFunc(out, func(a, b TargetStatus) int { return strings.Compare(a.ID, b.ID) })
-	return out
 }
 
 func (tg *target) status() TargetStatus {

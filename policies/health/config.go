@@ -218,18 +218,3 @@ type options struct {
 	minInterval time.Duration
 	icmpMode    icmpMode
 }
-
-// AllowShortIntervals lets a Checker run with intervals (and so timeouts)
-// below MinInterval, down to 1 ms. It exists for tests and benchmarks, here
-// and in other packages, that must see several probes in well under a
-// second; Config.Validate, which user configuration goes through, keeps the
-// 1 s floor. It is an option of the constructor rather than a Config field so
-// that no configuration file can reach it.
-func AllowShortIntervals() Option {
-	return func(o *options) { o.minInterval = shortestInterval }
-}
-
-// withICMPMode pins the ICMP socket kind, so tests can exercise each path.
-func withICMPMode(m icmpMode) Option {
-	return func(o *options) { o.icmpMode = m }
-}

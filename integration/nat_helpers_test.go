@@ -9,16 +9,18 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
-// The NAT rig: newTopo's network plus a router namespace "rt" on the bridge and a backend
-// "nb" in another subnet behind it. The LB reaches that subnet through the router; nb's
-// default route is the router, so nb never sees the client's subnet directly.
+// The NAT rig: newTopo's network (one backend, b1, is enough) plus a router namespace "rt"
+// on the bridge and a backend "nb" in another subnet behind it. The LB reaches that subnet
+// through the router; nb's default route is the router, so nb never sees the client's
+// subnet directly.
 //
-//	cl, lb, b1..b3 ── br ── rt ── nb
-//	10.77.0.0/24           .1 | 10.78.0.1 ── 10.78.0.20
-//	fd77::/64            ::1 | fd78::1   ── fd78::20
+//	cl, lb, b1 ── br ── rt ── nb
+//	10.77.0.0/24        .1 | 10.78.0.1 ── 10.78.0.20
+//	fd77::/64          ::1 | fd78::1   ── fd78::20
 const (
 	rtLAN4 = "10.77.0.1"
 	rtLAN6 = "fd77::1"
@@ -32,9 +34,16 @@ const (
 	natHigh = 65535
 )
 
-// newNATTopo builds the rig on top of newTopo's.
-func newNATTopo(tp *topo) {
-	tp.t.Helper()
+// newNATTopo builds the rig: the LAN of a client, the LB and b1 (newTopo's addresses), the
+// router on it, and nb behind the router.
+func newNATTopo(t *testing.T) *topo {
+	tp := newLAN(t, lan{
+		prefix: "sn",
+		hosts:  []string{"cl", "lb", "b1"},
+		v4:     func(h string) string { return hosts[h].v4 },
+		v6:     func(h string) string { return hosts[h].v6 },
+		via:    map[string]string{"cl": "lb"},
+	})
 	tp.kit.AddNS("rt", "nb")
 	tp.kit.Veth("br", "vrt", "rt", "eth0")
 	tp.in("br", "ip", "link", "set", "vrt", "master", "br0")
@@ -53,6 +62,7 @@ func newNATTopo(tp *topo) {
 	tp.in("nb", "ethtool", "-K", "eth0", "tx", "off")
 	tp.in("lb", "ip", "route", "add", "10.78.0.0/24", "via", rtLAN4)
 	tp.in("lb", "ip", "-6", "route", "add", "fd78::/64", "via", rtLAN6)
+	return tp
 }
 
 // patternAt is byte i of every stream a whoServer sends: it changes with the offset, so a

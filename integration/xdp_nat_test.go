@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -40,13 +39,7 @@ func (tp *topo) reservedPorts() string {
 }
 
 func TestXDPNAT(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end to end in namespaces: skipped under -short")
-	}
-	tp := newTopo(t)
-	newNATTopo(tp)
-	bin := buildStickylb(t)
-	poolsFile := filepath.Join(t.TempDir(), "pools.yaml")
+	tp, bin, poolsFile := startXDPTest(t, newNATTopo)
 	natFlags := []string{"--nat-source", hosts["lb"].v4 + "," + hosts["lb"].v6}
 	var lp *loaderProc
 	var natConn, drConn *whoConn
@@ -78,8 +71,7 @@ func TestXDPNAT(t *testing.T) {
 		if out := tp.in("lb", "ip", "addr"); strings.Contains(out, "10.78.") || strings.Contains(out, "fd78:") {
 			t.Fatalf("the LB has an address in nb's subnet:\n%s", out)
 		}
-		// XDP_TX out of a veth delivers only when its peer runs an XDP program.
-		tp.in("br", bin, "xdp", "pass", "--iface", "vlb", "--pin-root", tp.pinFS)
+		tp.passPeer(bin, "lb")
 		tp.serveWho("b1", []int{80}, nil)
 		tp.serveWho("nb", []int{80, 8080}, []int{53})
 		tp.writeFile(poolsFile, natPools())

@@ -71,7 +71,8 @@ func patternAt(i int64) byte { return byte(i ^ i>>8 ^ i>>16 ^ i>>24) }
 
 // whoServer answers each TCP connection with "NAME REMOTE\n", the peer's address as the
 // backend sees it, then serves "get N\n" requests with the next N bytes of the connection's
-// pattern stream. Its UDP socket answers each datagram with "NAME REMOTE DATAGRAM".
+// pattern stream, and takes "put N\n" and the next N bytes of the client's, checks them and
+// answers "ok TOTAL\n". Its UDP socket answers each datagram with "NAME REMOTE DATAGRAM".
 type whoServer struct {
 	name  string
 	mu    sync.Mutex
@@ -135,18 +136,35 @@ func (s *whoServer) accept(ln net.Listener) {
 			fmt.Fprintf(w, "%s %s\n", s.name, c.RemoteAddr())
 			w.Flush()
 			r := bufio.NewReader(c)
-			var off int64
+			var off, up int64 // the offsets of the stream sent and of the one received
 			for {
 				line, err := r.ReadString('\n')
 				if err != nil {
 					return
 				}
-				n, err := strconv.ParseInt(strings.TrimPrefix(strings.TrimSpace(line), "get "), 10, 64)
+				verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+				n, err := strconv.ParseInt(arg, 10, 64)
 				if err != nil || n < 0 || n > 64<<20 {
 					return
 				}
-				for end := off + n; off < end; off++ {
-					w.WriteByte(patternAt(off))
+				switch verb {
+				case "get":
+					for end := off + n; off < end; off++ {
+						w.WriteByte(patternAt(off))
+					}
+				case "put":
+					for end := up + n; up < end; up++ {
+						if b, err := r.ReadByte(); err != nil {
+							return
+						} else if b != patternAt(up) {
+							fmt.Fprintf(w, "bad byte %d\n", up)
+							w.Flush()
+							return
+						}
+					}
+					fmt.Fprintf(w, "ok %d\n", up)
+				default:
+					return
 				}
 				if w.Flush() != nil {
 					return
@@ -177,6 +195,7 @@ type whoConn struct {
 	backend string         // the name of the backend that answered
 	seen    netip.AddrPort // the client's address as that backend saw it
 	off     int64          // the stream's offset: bytes read so far
+	up      int64          // the offset of the stream sent: bytes put so far
 }
 
 // dialWho connects from the client namespace to addr and reads who answered.
@@ -223,6 +242,28 @@ func (w *whoConn) get(n int64, d time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("reading at offset %d, %d bytes short: %w", w.off, left, err)
 		}
+	}
+	return nil
+}
+
+// put sends the next n bytes of the client's pattern stream and waits, within d, for the
+// backend to confirm every byte.
+func (w *whoConn) put(n int64, d time.Duration) error {
+	w.c.SetDeadline(time.Now().Add(d))
+	buf := fmt.Appendf(nil, "put %d\n", n)
+	for i := int64(0); i < n; i++ {
+		buf = append(buf, patternAt(w.up+i))
+	}
+	if _, err := w.c.Write(buf); err != nil {
+		return fmt.Errorf("sending %d bytes at offset %d: %w", n, w.up, err)
+	}
+	w.up += n
+	line, err := w.r.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("waiting for the backend to confirm %d bytes: %w", w.up, err)
+	}
+	if want := fmt.Sprintf("ok %d\n", w.up); line != want {
+		return fmt.Errorf("the backend answered %q, want %q", line, want)
 	}
 	return nil
 }

@@ -287,6 +287,38 @@ func TestXDPNAT(t *testing.T) {
 		}
 	})
 
+	// The router's link to nb carries 1400-byte packets, less than the client's path to the
+	// VIP. The client's full-sized segments, translated toward nb, meet it; the router's
+	// "fragmentation needed" goes to the LB's NAT source, and only its translation (to the
+	// client, about the client's own packet to the VIP) tells the client to send smaller:
+	// without it the upload stalls (path MTU black hole; TCP MTU probing is off by default).
+	tp.phase("an ICMP error from the backend's side reaches the client", func(t *testing.T) {
+		tp.in("rt", "ip", "link", "set", "eth1", "mtu", "1400")
+		var c *whoConn
+		for i := 0; i < perRound && c == nil; i++ {
+			d, err := tp.dialWho(vip4 + ":80")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.backend == "nb" {
+				c = d
+			} else {
+				d.c.Close()
+			}
+		}
+		if c == nil {
+			t.Fatalf("no connection reached nb in %d", perRound)
+		}
+		st0 := tp.natStats(bin)
+		if err := c.put(1<<20, 10*time.Second); err != nil {
+			t.Fatalf("1 MiB upload to nb across a 1400-byte link: %v\nstats: %+v", err, tp.natStats(bin))
+		}
+		if st := tp.natStats(bin); st.Paths["icmp_error"].Packets <= st0.Paths["icmp_error"].Packets {
+			t.Fatalf("the upload went through, but no ICMP error was translated (%d before, %d after): did the path MTU apply?",
+				st0.Paths["icmp_error"].Packets, st.Paths["icmp_error"].Packets)
+		}
+	})
+
 	tp.phase("detach returns the reserved ports", func(t *testing.T) {
 		lp.stop()
 		tp.in("lb", bin, "xdp", "detach", "--iface", "eth0", "--pin-root", tp.pinFS)

@@ -28,6 +28,8 @@ const (
 	rtFar6 = "fd78::1"
 	nb4    = "10.78.0.20"
 	nb6    = "fd78::20"
+	// vipTight is the VIP of the port-exhaustion service, routed through the LB as vip4.
+	vipTight = "10.77.100.2"
 	// natLow and natHigh are the loader's default NAT source ports
 	// (l4xdp.DefaultNATPortLow/High), where nb must see the LB's side of each flow.
 	natLow  = 61000
@@ -62,6 +64,7 @@ func newNATTopo(t *testing.T) *topo {
 	tp.in("nb", "ethtool", "-K", "eth0", "tx", "off")
 	tp.in("lb", "ip", "route", "add", "10.78.0.0/24", "via", rtLAN4)
 	tp.in("lb", "ip", "-6", "route", "add", "fd78::/64", "via", rtLAN6)
+	tp.in("cl", "ip", "route", "add", vipTight+"/32", "via", hosts["lb"].v4)
 	return tp
 }
 
@@ -272,7 +275,9 @@ func (w *whoConn) put(n int64, d time.Duration) error {
 // on [vip6]:80, each with b1 (on the LB's subnet, holding the VIP: DR) and nb (behind the
 // router: NAT; on port 8080 for mixed6, which needs NAT by its port alone) under
 // forwarding auto, weights 1:1 by weighted round robin; UDP service "dgram" on vip4:53
-// with nb alone.
+// with nb alone; TCP service "tight" on vipTight:82 with nb alone on 8082 (NAT by its port,
+// and the only flows to that backend port: its NAT ports are its own; another VIP address,
+// since every port of one VIP address has the same backend hosts).
 func natPools() string {
 	return fmt.Sprintf(`services:
   - name: mixed
@@ -300,9 +305,15 @@ func natPools() string {
     forwarding: auto
     backends:
       - {address: %q}
+  - name: tight
+    protocol: tcp
+    vip: %q
+    affinity: {mode: none}
+    backends:
+      - {address: %q}
 `, vip4+":80", hosts["b1"].v4+":80", nb4+":80",
 		"["+vip6+"]:80", "["+hosts["b1"].v6+"]:80", "["+nb6+"]:8080",
-		vip4+":53", nb4+":53")
+		vip4+":53", nb4+":53", vipTight+":82", nb4+":8082")
 }
 
 // natPort says whether p is a port of the LB's NAT range.

@@ -73,7 +73,7 @@ func TestXDPNAT(t *testing.T) {
 		}
 		tp.passPeer(bin, "lb")
 		tp.serveWho("b1", []int{80}, nil)
-		tp.serveWho("nb", []int{80, 8080}, []int{53})
+		tp.serveWho("nb", []int{80, 8080, 8082}, []int{53})
 		tp.writeFile(poolsFile, natPools())
 		lp = tp.startLoader(bin, poolsFile, natFlags...)
 	})
@@ -294,6 +294,9 @@ func TestXDPNAT(t *testing.T) {
 	// without it the upload stalls (path MTU black hole; TCP MTU probing is off by default).
 	tp.phase("an ICMP error from the backend's side reaches the client", func(t *testing.T) {
 		tp.in("rt", "ip", "link", "set", "eth1", "mtu", "1400")
+		// Only for this phase: a veth drops what its peer sends above its MTU, and nb's
+		// full-sized segments of a download would meet it.
+		defer tp.kit.For(t).In("rt", "ip", "link", "set", "eth1", "mtu", "1500")
 		var c *whoConn
 		for i := 0; i < perRound && c == nil; i++ {
 			d, err := tp.dialWho(vip4 + ":80")
@@ -316,6 +319,47 @@ func TestXDPNAT(t *testing.T) {
 		if st := tp.natStats(bin); st.Paths["icmp_error"].Packets <= st0.Paths["icmp_error"].Packets {
 			t.Fatalf("the upload went through, but no ICMP error was translated (%d before, %d after): did the path MTU apply?",
 				st0.Paths["icmp_error"].Packets, st.Paths["icmp_error"].Packets)
+		}
+	})
+
+	// Ports are allocated per (source, backend, protocol): with a range of two ports, two
+	// flows to nb:8082 hold both, and a third finds none: its SYN is dropped and counted,
+	// never sent from a port in use, and the two go on.
+	tp.phase("port exhaustion drops a new flow and counts it", func(t *testing.T) {
+		lp.stop()
+		lp = tp.startLoader(bin, poolsFile, append(natFlags, "--nat-ports", fmt.Sprintf("%d-%d", natLow, natLow+1))...)
+		var held []*whoConn
+		for i := 0; i < 2; i++ {
+			c, err := tp.dialWho(vipTight + ":82")
+			if err != nil {
+				t.Fatalf("flow %d of 2 with 2 NAT ports: %v", i+1, err)
+			}
+			if c.backend != "nb" || c.seen.Addr() != lb4 || c.seen.Port() < natLow || c.seen.Port() > natLow+1 {
+				t.Fatalf("flow %d: %s saw %s, want nb to see %s with port %d or %d", i+1, c.backend, c.seen, lb4, natLow, natLow+1)
+			}
+			held = append(held, c)
+		}
+		if held[0].seen == held[1].seen {
+			t.Fatalf("two flows to one backend share the NAT source %s", held[0].seen)
+		}
+		st0 := tp.natStats(bin)
+		var err error
+		tp.inNS("cl", func() {
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", vipTight+":82", time.Second); err == nil {
+				c.Close()
+			}
+		})
+		if err == nil {
+			t.Fatal("a third flow connected with both NAT ports taken")
+		}
+		if st := tp.natStats(bin); st.Paths["nat_no_port"].Packets <= st0.Paths["nat_no_port"].Packets {
+			t.Fatalf("the third flow failed (%v) but nat_no_port did not count it: %d -> %d", err, st0.Paths["nat_no_port"].Packets, st.Paths["nat_no_port"].Packets)
+		}
+		for i, c := range held {
+			if err := c.get(64<<10, 5*time.Second); err != nil {
+				t.Fatalf("flow %d holding a NAT port: %v", i+1, err)
+			}
 		}
 	})
 

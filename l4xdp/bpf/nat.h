@@ -225,6 +225,29 @@ static __always_inline void nat_key_of(struct nat_key *k, const __u8 *src, __be1
 	k->proto = proto;
 }
 
+/* flow_eq compares two flow keys (no memcmp in BPF; a flow is 2-byte aligned). */
+static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
+{
+	const __u16 *x = (const void *)a, *y = (const void *)b;
+	__u16 d = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(struct flow) / 2); i++)
+		d |= x[i] ^ y[i];
+	return d == 0;
+}
+
+/* nat_own says whether the reply entry at k is flow f's own (its connection entry was
+ * evicted: the flow keeps its port, another would be another connection to the backend),
+ * and refreshes it. */
+static __noinline int nat_own(struct nat_key *k, const struct flow *f, __u64 now)
+{
+	struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
+	if (!o || !flow_eq(&o->client, f))
+		return 0;
+	o->last_seen = now;
+	return 1;
+}
+
 /* nat_alloc gives a new flow f to backend b a source address and port: the address by a hash
  * of the flow among the sources of b's family, the port by probing from a hashed start; an
  * entry idle past its timeout is taken over. Returns 0 and fills *src_idx, *port, or -1 when
@@ -271,6 +294,11 @@ static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, con
 			*port = k->lb_port;
 			return 0;
 		}
+		if (nat_own(k, f, now)) {
+			*src_idx = idx;
+			*port = k->lb_port;
+			return 0;
+		}
 		struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
 		if (o && now > o->last_seen && now - o->last_seen > (__u64)o->timeout * NSEC_PER_SEC) {
 			/* Idle past its timeout: the port is free. Of CPUs racing for it, the one
@@ -284,17 +312,6 @@ static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, con
 		}
 	}
 	return -1;
-}
-
-/* flow_eq compares two flow keys (no memcmp in BPF; a flow is 2-byte aligned). */
-static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
-{
-	const __u16 *x = (const void *)a, *y = (const void *)b;
-	__u16 d = 0;
-#pragma unroll
-	for (int i = 0; i < (int)(sizeof(struct flow) / 2); i++)
-		d |= x[i] ^ y[i];
-	return d == 0;
 }
 
 /* nat_rev_of finds the reply entry of NAT flow c (to backend b), NULL if gone; *kp is left
@@ -453,11 +470,14 @@ static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, cons
 		count(&path_stats, PATH_MALFORMED, len);
 		return XDP_DROP;
 	}
+	int act = nat_send(ctx, eth, v6, rw->src, rw->dst, NULL, len);
+	if (act == XDP_DROP) /* no next hop: counted as such, not as forwarded */
+		return act;
 	count(&path_stats, PATH_FORWARD, len);
 	count(&path_stats, PATH_NAT_FORWARD, len);
 	count(&vip_stats, vip_id, len);
 	count(&backend_stats, bidx, len);
-	return nat_send(ctx, eth, v6, rw->src, rw->dst, NULL, len);
+	return act;
 }
 
 /* nat_reply rewrites a NAT backend's packet (f: backend -> NAT source) back to VIP -> client;
@@ -532,6 +552,8 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		count(&path_stats, PATH_TCP_RST, len);
 		e->timeout = 1;
 	}
-	count(&path_stats, PATH_NAT_REPLY, len);
-	return nat_send(ctx, eth, v6, e->client.dst, e->client.src, e, len);
+	int act = nat_send(ctx, eth, v6, e->client.dst, e->client.src, e, len);
+	if (act != XDP_DROP)
+		count(&path_stats, PATH_NAT_REPLY, len);
+	return act;
 }

@@ -7,10 +7,18 @@
 #     cap (a flood: hash and pick, no entry written); and the new-connection path of each
 #     algorithm (BenchmarkProgRunAlgorithms: Maglev, WRR, WLC scanning 3, WLC's two choices
 #     of 20).
+#   NAT through BPF_PROG_RUN (BenchmarkProgRunNAT), ns/packet: a packet of an established
+#     NAT flow each way (client -> backend: translated and routed by bpf_fib_lookup; the
+#     backend's reply -> client) beside an established DR flow and the floor, in one run; and
+#     the floor plus one bpf_fib_lookup, the share of NAT's cost that is the kernel's FIB.
 #   Live frames, packets/s at the backends: one generator feeds our forwarder and nftables
 #     netdev `fwd` doing the same DR rewrite; a figure comes only from a run in which no drop
 #     counter moved (the benchmark fails otherwise). The floor arm runs the same pipeline with
 #     an LB that only rewrites MACs and redirects: subtracting it leaves the LB's own cost.
+#   Live NAT frames (BenchmarkLiveNAT): the same pipeline with addresses, our NAT against
+#     nftables in the inet family (DNAT + SNAT, conntrack, the stack forwarding: what a user
+#     would run for NAT without XDP), flows established before timing, beside our DR arm and
+#     the floor. Goal: NAT under 2x DR per packet.
 #
 # COUNT runs of each (default 5); the medians are compared.
 set -euo pipefail
@@ -29,7 +37,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 go test -count=1 -run '^$' -bench 'BenchmarkProgRun' -benchtime 2000000x -count "$count" ./l4xdp | tee "$out"
 noskip "$out"
-go test -count=1 -run '^$' -bench 'BenchmarkLiveFrames' -benchtime "${frames}x" -count "$count" ./l4xdp | tee -a "$out"
+go test -count=1 -run '^$' -bench 'BenchmarkLive(Frames|NAT)$' -benchtime "${frames}x" -count "$count" ./l4xdp | tee -a "$out"
 noskip "$out"
 
 # median NAME UNIT: the median of the UNIT metric over NAME's runs.
@@ -52,6 +60,15 @@ lours=$(median 'BenchmarkLiveFrames/arm=stickylb' ns/packet)
 lnft=$(median 'BenchmarkLiveFrames/arm=nftables' ns/packet)
 ours=$(median 'BenchmarkLiveFrames/arm=stickylb' pps)
 nft=$(median 'BenchmarkLiveFrames/arm=nftables' pps)
+nfloor=$(median 'BenchmarkProgRunNAT/path=floor' ns/packet)
+nfib=$(median 'BenchmarkProgRunNAT/path=fib-lookup' ns/packet)
+ndr=$(median 'BenchmarkProgRunNAT/path=dr-established' ns/packet)
+nest=$(median 'BenchmarkProgRunNAT/path=nat-established' ns/packet)
+nrep=$(median 'BenchmarkProgRunNAT/path=nat-reply' ns/packet)
+lnfloor=$(median 'BenchmarkLiveNAT/arm=floor' ns/packet)
+lndr=$(median 'BenchmarkLiveNAT/arm=stickylb-dr' ns/packet)
+lnnat=$(median 'BenchmarkLiveNAT/arm=stickylb-nat' ns/packet)
+lnnft=$(median 'BenchmarkLiveNAT/arm=nftables-nat' ns/packet)
 echo
 echo "medians of $count runs"
 awk -v am="$amag" -v aw="$awrr" -v al="$awlc" -v al2="$awlc2" -v f="$floor" -v e="$est" -v n="$new" -v c="$over" -v o="$ours" -v t="$nft" -v lf="$lfloor" -v lo="$lours" -v ln="$lnft" 'BEGIN {
@@ -59,4 +76,10 @@ awk -v am="$amag" -v aw="$awrr" -v al="$awlc" -v al2="$awlc2" -v f="$floor" -v e
 	printf "new connection by algorithm: maglev %.0f ns/packet, wrr %.0f, wlc (pool of 3) %.0f, wlc (two choices of 20) %.0f\n", am, aw, al, al2
 	printf "live frames    stickylb %.2f Mpps, nftables netdev fwd %.2f Mpps: stickylb %.2fx nftables\n", o / 1e6, t / 1e6, o / t
 	printf "               per packet: floor %.0f ns, stickylb %.0f, nftables %.0f; over the floor %.0f vs %.0f ns (%.1fx less)\n", lf, lo, ln, lo - lf, ln - lf, (ln - lf) / (lo - lf)
+}'
+awk -v f="$nfloor" -v fl="$nfib" -v d="$ndr" -v e="$nest" -v r="$nrep" -v lf="$lnfloor" -v ld="$lndr" -v ln="$lnnat" -v lt="$lnnft" 'BEGIN {
+	printf "NAT, BPF_PROG_RUN  floor %.0f ns/packet, DR established %.0f, NAT established %.0f (%.2fx DR; goal under 2x), NAT reply %.0f (%.2fx DR)\n", f, d, e, e / d, r, r / d
+	printf "                   of which the FIB lookup (floor + bpf_fib_lookup %.0f ns): %.0f ns; NAT established without it %.2fx DR\n", fl, fl - f, (e - (fl - f)) / d
+	printf "NAT, live frames   per packet: floor %.0f ns, stickylb DR %.0f, stickylb NAT %.0f, nftables DNAT+SNAT %.0f: stickylb NAT %.2fx faster than nftables\n", lf, ld, ln, lt, lt / ln
+	printf "                   over the floor: DR %.0f ns, NAT %.0f (%.2fx DR), nftables %.0f (%.1fx stickylb NAT)\n", ld - lf, ln - lf, (ln - lf) / (ld - lf), lt - lf, (lt - lf) / (ln - lf)
 }'

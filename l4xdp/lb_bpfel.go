@@ -21,6 +21,14 @@ type lbBackend struct {
 	Ifindex uint32
 	Gen     uint32
 	Addr    [16]uint8
+	Pad2    uint32
+	Nh      struct {
+		_       structs.HostLayout
+		Dmac    [6]uint8
+		Smac    [6]uint8
+		Ifindex uint32
+		At      uint64
+	}
 }
 
 type lbConn struct {
@@ -100,11 +108,15 @@ type lbName struct {
 }
 
 type lbNatEntry struct {
-	_        structs.HostLayout
-	Client   lbFlow
-	PeerMac  [6]uint8
-	OurMac   [6]uint8
-	Ifindex  uint32
+	_      structs.HostLayout
+	Client lbFlow
+	Nh     struct {
+		_       structs.HostLayout
+		Dmac    [6]uint8
+		Smac    [6]uint8
+		Ifindex uint32
+		At      uint64
+	}
 	Timeout  uint32
 	Pad      uint32
 	LastSeen uint64
@@ -122,7 +134,7 @@ type lbNatKey struct {
 
 type lbNatScratchBytes struct {
 	_ structs.HostLayout
-	B [248]uint8
+	B [256]uint8
 }
 
 type lbNatSource struct {

@@ -181,46 +181,52 @@ static __always_inline int rewrite_packet(struct ethhdr *eth, void *data_end, in
 	return rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
 }
 
-/* nat_send sends a rewritten packet to its next hop, found by the kernel's FIB from the
- * packet's new addresses: out of the ingress interface (XDP_TX) or redirected to another.
- * When the FIB knows the route but not the neighbour, back names where the flow came from
- * (its first frame's MACs and interface): replies go back that way; else the packet is
- * dropped and counted (the loader keeps the next hops of NAT backends resolved). */
+/* nat_send sends a rewritten packet to its next hop nh, found by the kernel's FIB from the
+ * packet's new addresses and kept for a second: out of the ingress interface (XDP_TX) or
+ * redirected to another. When the FIB knows the route but not the neighbour (the kernel
+ * drops neighbour entries nobody uses, and XDP sends past them), a next hop already known
+ * holds: a backend's last one, or the way a flow came in for its replies; with none the
+ * packet is dropped and counted, as it is with no route (the loader keeps the next hops of
+ * NAT backends resolved). A route or neighbour change is seen within a second. */
 static __always_inline int nat_send(struct xdp_md *ctx, struct ethhdr *eth, int v6, const __u8 *src, const __u8 *dst,
-				    const struct nat_entry *back, __u64 len)
+				    struct next_hop *nh, __u64 len)
 {
-	struct nat_scratch *sc = scratch();
-	if (!sc)
-		return XDP_DROP;
-	struct bpf_fib_lookup *p = &sc->fib;
-	__builtin_memset(p, 0, sizeof(*p));
-	p->ifindex = ctx->ingress_ifindex;
-	if (v6) {
-		p->family = AF_INET6;
-		__builtin_memcpy(p->ipv6_src, src, 16);
-		__builtin_memcpy(p->ipv6_dst, dst, 16);
-	} else {
-		p->family = AF_INET;
-		__builtin_memcpy(&p->ipv4_src, src + 12, 4);
-		__builtin_memcpy(&p->ipv4_dst, dst + 12, 4);
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (!nh->at || now > nh->at + NSEC_PER_SEC) {
+		struct nat_scratch *sc = scratch();
+		if (!sc)
+			return XDP_DROP;
+		struct bpf_fib_lookup *p = &sc->fib;
+		__builtin_memset(p, 0, sizeof(*p));
+		p->ifindex = ctx->ingress_ifindex;
+		if (v6) {
+			p->family = AF_INET6;
+			__builtin_memcpy(p->ipv6_src, src, 16);
+			__builtin_memcpy(p->ipv6_dst, dst, 16);
+		} else {
+			p->family = AF_INET;
+			__builtin_memcpy(&p->ipv4_src, src + 12, 4);
+			__builtin_memcpy(&p->ipv4_dst, dst + 12, 4);
+		}
+		long rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+			/* CPUs racing here write the same answer; a reader between two writes of a
+			 * changed next hop may send one packet to a mixed MAC, as after any
+			 * neighbour change. */
+			__builtin_memcpy(nh->dmac, p->dmac, ETH_ALEN);
+			__builtin_memcpy(nh->smac, p->smac, ETH_ALEN);
+			nh->ifindex = p->ifindex;
+		} else if (rc != BPF_FIB_LKUP_RET_NO_NEIGH || !nh->ifindex) {
+			count(&path_stats, PATH_NAT_NO_ROUTE, len);
+			return XDP_DROP;
+		}
+		nh->at = now;
 	}
-	long rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		__builtin_memcpy(eth->h_dest, p->dmac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, p->smac, ETH_ALEN);
-		if (p->ifindex == ctx->ingress_ifindex)
-			return XDP_TX;
-		return bpf_redirect(p->ifindex, 0);
-	}
-	if (back && rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		__builtin_memcpy(eth->h_dest, back->peer_mac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, back->our_mac, ETH_ALEN);
-		if (back->ifindex == ctx->ingress_ifindex)
-			return XDP_TX;
-		return bpf_redirect(back->ifindex, 0);
-	}
-	count(&path_stats, PATH_NAT_NO_ROUTE, len);
-	return XDP_DROP;
+	__builtin_memcpy(eth->h_dest, nh->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, nh->smac, ETH_ALEN);
+	if (nh->ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(nh->ifindex, 0);
 }
 
 static __always_inline struct lb_config *lb_config(void)
@@ -291,12 +297,12 @@ static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, con
 		return -1;
 	struct nat_entry *e = &sc->e;
 	__builtin_memset(e, 0, sizeof(*e));
-	e->ifindex = ctx->ingress_ifindex;
+	e->nh.ifindex = ctx->ingress_ifindex; /* the way in: at 0, so the first reply asks the FIB */
 	e->timeout = vm->idle_timeout;
 	e->last_seen = now;
 	__builtin_memcpy(&e->client, f, sizeof(e->client));
-	__builtin_memcpy(e->peer_mac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(e->our_mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(e->nh.dmac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(e->nh.smac, eth->h_dest, ETH_ALEN);
 	struct nat_key *k = &sc->k;
 	__builtin_memset(k, 0, sizeof(*k));
 	nat_key_of(k, ns->addr, 0, b, f->proto);
@@ -437,7 +443,7 @@ struct nat_args {
  * backend b: a data packet is rewritten to source -> backend; an ICMP error from the client's
  * side (T_ICMP: it quotes VIP -> client) to source -> backend quoting backend -> source. A
  * function of its own (not inlined): its stack is not added to every path's. */
-static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, const struct backend *b,
+static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, struct backend *b,
 				  const struct nat_args *a)
 {
 	void *data = (void *)(long)ctx->data;
@@ -478,7 +484,7 @@ static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, cons
 		count(&path_stats, PATH_MALFORMED, len);
 		return XDP_DROP;
 	}
-	int act = nat_send(ctx, eth, v6, rw->src, rw->dst, NULL, len);
+	int act = nat_send(ctx, eth, v6, rw->src, rw->dst, &b->nh, len);
 	if (act == XDP_DROP) /* no next hop: counted as such, not as forwarded */
 		return act;
 	count(&path_stats, PATH_FORWARD, len);
@@ -552,7 +558,7 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		count(&path_stats, PATH_TCP_RST, len);
 		e->timeout = 1;
 	}
-	int act = nat_send(ctx, eth, v6, e->client.dst, e->client.src, e, len);
+	int act = nat_send(ctx, eth, v6, e->client.dst, e->client.src, &e->nh, len);
 	if (act != XDP_DROP)
 		count(&path_stats, PATH_NAT_REPLY, len);
 	return act;

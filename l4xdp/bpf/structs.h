@@ -29,6 +29,16 @@ struct wlc_pool {
 	__u32 slots[WLC_SCAN];
 };
 
+/* A next hop as the FIB gave it (or, for a NAT flow's replies, as its first frame came in),
+ * cached for a second so that a NAT packet costs one FIB lookup a second per backend or
+ * flow, not one each. at 0: not from the FIB yet. */
+struct next_hop {
+	__u8 dmac[6];
+	__u8 smac[6];
+	__u32 ifindex; /* 0: none known */
+	__u64 at;      /* bpf_ktime_get_coarse_ns() of the lookup */
+};
+
 struct backend {
 	__u8 mac[6];
 	__be16 port;   /* B_NAT: the backend's port */
@@ -36,6 +46,9 @@ struct backend {
 	__u32 ifindex; /* 0: XDP_TX out of the ingress interface */
 	__u32 gen;     /* bumped by the loader each time the slot changes hands */
 	__u8 addr[16]; /* B_NAT: the backend's address (IPv4 as ::ffff:a.b.c.d) */
+	__u32 pad2;
+	struct next_hop nh; /* B_NAT: the next hop toward addr (written by the program; the
+			     * loader's writes of the slot clear it) */
 };
 
 struct flow {
@@ -77,10 +90,9 @@ struct nat_key {
 /* The way back of a NAT flow. */
 struct nat_entry {
 	struct flow client;   /* the flow as the client sent it (client -> VIP) */
-	__u8 peer_mac[6];     /* the client side's next hop, from the flow's first frame: replies go
-			       * back that way when the FIB has no neighbour for the client */
-	__u8 our_mac[6];
-	__u32 ifindex;        /* where the flow came in */
+	struct next_hop nh;   /* toward the client: first the way the flow came in (its first
+			       * frame's MACs and interface, used while the FIB has no neighbour
+			       * for the client), then the FIB's */
 	__u32 timeout;        /* idle seconds after which the entry (and its port) is free */
 	__u32 pad;
 	__u64 last_seen;      /* either direction, refreshed at most once a second */

@@ -118,15 +118,16 @@ func (w *Watcher) poll(st *watchState) {
 			}
 		}
 	}
-	if w.Errors != nil {
-		w.Errors.Add(1)
-	}
 	var list ErrorList
 	if errors.As(err, &list) {
 		for _, e := range list {
 			w.Log.Error("invalid pools file edit; the last good config keeps serving", zap.String("error", e.Error()))
 		}
-		return
+	} else {
+		w.Log.Error("pools file edit not applied; the last good config keeps serving", zap.Error(err))
 	}
-	w.Log.Error("pools file edit not applied; the last good config keeps serving", zap.Error(err))
+	// Counted after the lines are logged: whoever sees the count sees why.
+	if w.Errors != nil {
+		w.Errors.Add(1)
+	}
 }

@@ -99,6 +99,7 @@ const (
 	lbLbPathPATH_NAT_NO_PORT    lbLbPath = 19
 	lbLbPathPATH_NAT_NO_ROUTE   lbLbPath = 20
 	lbLbPathPATH_NAT_FRAGMENT   lbLbPath = 21
+	lbLbPathPATH_NAT_STRAY      lbLbPath = 22
 	lbLbPathPATH_MAX            lbLbPath = 24
 )
 
@@ -118,6 +119,8 @@ type lbNatEntry struct {
 		At      uint64
 	}
 	Timeout  uint32
+	Idle     uint32
+	Replied  uint32
 	Pad      uint32
 	LastSeen uint64
 }
@@ -134,7 +137,7 @@ type lbNatKey struct {
 
 type lbNatScratchBytes struct {
 	_ structs.HostLayout
-	B [256]uint8
+	B [264]uint8
 }
 
 type lbNatSource struct {

@@ -31,10 +31,6 @@ const (
 // maxNATSources is how many NAT sources of each family the program holds (MAX_NAT_SOURCES/2).
 const maxNATSources = 8
 
-// natSweepSlack is how long a reply entry whose connection entry is gone is kept anyway: a
-// new flow inserts its reply entry a moment before its connection entry.
-const natSweepSlack = 2 * time.Second
-
 // ports returns the source port range, defaults applied.
 func (n NAT) ports() (lo, hi uint16) {
 	if n.PortLow == 0 && n.PortHigh == 0 {
@@ -224,16 +220,17 @@ func nextHopKnown(b *pools.Backend) bool {
 	})
 }
 
-// SweepNAT removes the reply entries of NAT flows that are over: idle past their timeout, or
-// whose connection entry is gone (an LRU eviction; the flow's next packet re-picks) for
-// longer than a moment. It returns the entries left.
+// SweepNAT removes the reply entries of NAT flows idle past their timeout (an entry whose
+// connection entry was evicted stays until then: the flow's next packet finds it its own
+// and keeps its port, and a backend that speaks first still reaches the client). It returns
+// the entries left.
 func (f *Tables) SweepNAT() (int, error) {
 	now := monoNow()
 	var stale []lbNatKey
+	var staleSeen []uint64
 	left := 0
 	keys, vals := make([]lbNatKey, recountBatch), make([]lbNatEntry, recountBatch)
 	var cursor ebpf.MapBatchCursor
-	var c lbConn
 	for done := false; !done; {
 		n, err := f.objs.NatRev.BatchLookup(&cursor, keys, vals, nil)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -247,15 +244,22 @@ func (f *Tables) SweepNAT() (int, error) {
 			if now > e.LastSeen {
 				idle = now - e.LastSeen
 			}
-			if idle > uint64(e.Timeout)*1e9 ||
-				(idle > uint64(natSweepSlack) && f.objs.Conns.Lookup(e.Client, &c) != nil) {
-				stale = append(stale, keys[i])
+			if idle > uint64(e.Timeout)*1e9 {
+				stale, staleSeen = append(stale, keys[i]), append(staleSeen, e.LastSeen)
 				continue
 			}
 			left++
 		}
 	}
-	for _, k := range stale {
+	var e lbNatEntry
+	for i, k := range stale {
+		// Read again just before: a new flow may have taken the port over since the batch
+		// was read (its entry is fresh). What a packet does between this read and the
+		// delete is the program's race with its own takeover, which a port seen idle past
+		// its timeout has lost anyway.
+		if err := f.objs.NatRev.Lookup(k, &e); err != nil || e.LastSeen != staleSeen[i] {
+			continue
+		}
 		if err := f.objs.NatRev.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return left, fmt.Errorf("removing an ended NAT flow: %w", err)
 		}
@@ -277,6 +281,18 @@ func (l *Loader) enableForwarding() error {
 		path := fmt.Sprintf(fam.path, l.cfg.Iface)
 		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "1" {
 			continue
+		}
+		if !fam.v4 {
+			// A forwarding interface ignores router advertisements unless accept_ra is 2:
+			// keep a host that takes its IPv6 route or address from them doing so.
+			ra := fmt.Sprintf("/proc/sys/net/ipv6/conf/%s/accept_ra", l.cfg.Iface)
+			if b, err := os.ReadFile(ra); err == nil && strings.TrimSpace(string(b)) == "1" {
+				if err := os.WriteFile(ra, []byte("2\n"), 0o644); err != nil {
+					return fmt.Errorf("keeping router advertisements on %s (accept_ra 2): %w", l.cfg.Iface, err)
+				}
+				l.log.Info("set accept_ra to 2 on the interface: with forwarding on, 1 would ignore router advertisements",
+					zap.String("sysctl", ra))
+			}
 		}
 		if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
 			return fmt.Errorf("turning on forwarding on %s (the FIB lookups of NAT need it): %w", l.cfg.Iface, err)

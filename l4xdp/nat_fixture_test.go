@@ -60,18 +60,26 @@ func TestNATFixtureIPv4TCP(t *testing.T) {
 	r.expect("fin", r.lb0, fl.fromClient("FA", nil).frame(t), xdpTX, fl.toBackend("FA", nil).frame(t))
 	wantCounts(t, r.f, map[string]uint64{"conn_miss": 1, "conn_hit": 2, "nat_forward": 3, "nat_reply": 2, "nat_no_port": 0})
 
-	// Traffic to the NAT source that is no NAT flow's is the host's: a port no flow holds,
-	// the flow's port from another host, and another protocol.
+	// Traffic to the NAT source outside the NAT range is the host's: a port above the range,
+	// ssh. Inside the range, what no NAT flow holds (the flow's port from another host or
+	// port, or another protocol) is a stray reply: dropped, so the host answers no backend
+	// with a RST.
 	for name, in := range map[string][]byte{
-		"reply to a free port":     fl.pkt(lbMAC, routerMAC, fl.s.addr, netip.AddrPortFrom(natLB4, natPort+1), "A", nil).frame(t),
-		"from another host":        fl.pkt(lbMAC, routerMAC, netip.MustParseAddrPort("10.1.0.99:8080"), fl.nat, "A", nil).frame(t),
-		"from another port":        fl.pkt(lbMAC, routerMAC, netip.AddrPortFrom(fl.s.addr.Addr(), 8081), fl.nat, "A", nil).frame(t),
-		"udp to the flow's port":   natfxPkt{dstMAC: lbMAC, srcMAC: routerMAC, src: fl.s.addr.Addr(), dst: natLB4, sport: 8080, dport: natPort, proto: 17, payload: []byte("x")}.frame(t),
-		"ssh to the host's source": fl.pkt(lbMAC, clientMAC, fl.client, netip.AddrPortFrom(natLB4, 22), "S", nil).frame(t),
+		"reply to a port above the range": fl.pkt(lbMAC, routerMAC, fl.s.addr, netip.AddrPortFrom(natLB4, natPort+1), "A", nil).frame(t),
+		"ssh to the host's source":        fl.pkt(lbMAC, clientMAC, fl.client, netip.AddrPortFrom(natLB4, 22), "S", nil).frame(t),
 	} {
 		r.expect(name, r.lb0, in, xdpPass, in)
 	}
-	wantCounts(t, r.f, map[string]uint64{"nat_reply": 2, "pass": 5})
+	for name, in := range map[string][]byte{
+		"from another host":      fl.pkt(lbMAC, routerMAC, netip.MustParseAddrPort("10.1.0.99:8080"), fl.nat, "A", nil).frame(t),
+		"from another port":      fl.pkt(lbMAC, routerMAC, netip.AddrPortFrom(fl.s.addr.Addr(), 8081), fl.nat, "A", nil).frame(t),
+		"udp to the flow's port": natfxPkt{dstMAC: lbMAC, srcMAC: routerMAC, src: fl.s.addr.Addr(), dst: natLB4, sport: 8080, dport: natPort, proto: 17, payload: []byte("x")}.frame(t),
+	} {
+		if ret, _ := r.run(r.lb0, in); ret != xdpDrop {
+			t.Errorf("%s: action %d, want drop (a stray reply)", name, ret)
+		}
+	}
+	wantCounts(t, r.f, map[string]uint64{"nat_reply": 2, "pass": 2, "nat_stray": 3})
 }
 
 // UDP over IPv4: with a checksum, and with none (0), which must stay 0.
@@ -382,9 +390,11 @@ func TestNATFixtureSourcesSpread(t *testing.T) {
 	wantCounts(t, r.f, map[string]uint64{"nat_forward": 17, "nat_reply": 16, "nat_no_port": 0})
 }
 
-// A retransmitted SYN follows its flow (same port); a RST from the client frees the flow's
-// port at once, for the next flow to the backend.
-func TestNATFixtureRSTFreesPort(t *testing.T) {
+// A retransmitted SYN follows its flow (same port). A RST from the client does not free the
+// port at once (a forged RST, which the backend ignores, must not hand a live flow's port to
+// another flow): the backend's answer still reaches the client, a second flow still finds no
+// port, and the same client's new SYN on the same 5-tuple gets its port back.
+func TestNATFixtureRSTHoldsPort(t *testing.T) {
 	r := newNATRig(t, Options{})
 	r.install(singlePort)
 	a := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
@@ -395,9 +405,12 @@ func TestNATFixtureRSTFreesPort(t *testing.T) {
 		t.Fatalf("second flow while the only port is held: action %d, want drop", ret)
 	}
 	r.expect("rst", r.lb0, a.fromClient("RA", nil).frame(t), xdpTX, a.toBackend("RA", nil).frame(t))
-	r.expect("next flow", r.lb0, b.fromClient("S", nil).frame(t), xdpTX, b.toBackend("S", nil).frame(t))
-	r.expect("its reply", r.lb0, b.fromBackend("SA", nil).frame(t), xdpTX, b.toClient("SA", nil).frame(t))
-	wantCounts(t, r.f, map[string]uint64{"conn_hit": 2, "conn_miss": 3, "nat_no_port": 1, "tcp_rst": 1, "nat_forward": 4, "nat_reply": 1})
+	r.expect("the backend's challenge ack", r.lb0, a.fromBackend("A", nil).frame(t), xdpTX, a.toClient("A", nil).frame(t))
+	if ret, _ := r.run(r.lb0, b.fromClient("S", nil).frame(t)); ret != xdpDrop {
+		t.Fatalf("second flow right after the first one's RST: action %d, want drop (the port is held %d s)", ret, 10)
+	}
+	r.expect("the client's new syn", r.lb0, a.fromClient("S", nil).frame(t), xdpTX, a.toBackend("S", nil).frame(t))
+	wantCounts(t, r.f, map[string]uint64{"conn_hit": 2, "conn_miss": 4, "nat_no_port": 2, "tcp_rst": 1, "nat_forward": 4, "nat_reply": 1})
 }
 
 // A port whose flow has been idle past the VIP's idle timeout is taken over by a new flow;
@@ -518,4 +531,46 @@ func TestNATFixtureFlowOutlivesConnEviction(t *testing.T) {
 	}
 	r.expect("reply after the eviction", r.lb0, fl.fromBackend("SA", nil).frame(t), xdpTX, fl.toClient("SA", nil).frame(t))
 	r.expect("next packet after the eviction", r.lb0, fl.fromClient("A", []byte("x")).frame(t), xdpTX, fl.toBackend("A", []byte("x")).frame(t))
+}
+
+// A flow the backend never answered holds its port NAT_UNREPLIED (30 s) idle, not the VIP's
+// idle timeout (900 s here): a SYN flood cannot hold a backend's ports for a quarter of an
+// hour. Once the backend has answered, the flow idles as the VIP allows. (The clock is moved
+// by aging every entry: both tables, as a second of real idling would.)
+func TestNATFixtureUnrepliedTimeout(t *testing.T) {
+	r := newNATRig(t, Options{})
+	r.install(singlePort)
+	age := func(d time.Duration) {
+		t.Helper()
+		var nk lbNatKey
+		var ne lbNatEntry
+		for it := r.f.objs.NatRev.Iterate(); it.Next(&nk, &ne); {
+			ne.LastSeen -= uint64(d)
+			if err := r.f.objs.NatRev.Put(nk, ne); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ck lbFlow
+		var cv lbConn
+		for it := r.f.objs.Conns.Iterate(); it.Next(&ck, &cv); {
+			cv.LastSeen -= uint64(d)
+			if err := r.f.objs.Conns.Put(ck, cv); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
+	r.expect("syn, never answered", r.lb0, a.fromClient("S", nil).frame(t), xdpTX, a.toBackend("S", nil).frame(t))
+	age(31 * time.Second)
+	b := natFlow(natTCP4, 33001, netip.AddrPortFrom(natLB4, natPort))
+	r.handshake(t, " of a flow that takes the unreplied one's port", b, r.lb0, xdpTX)
+	if ret, _ := r.run(r.lb0, a.fromClient("S", nil).frame(t)); ret != xdpDrop {
+		t.Fatalf("the unreplied flow again, its port taken: action %d, want drop", ret)
+	}
+	age(31 * time.Second)
+	c := natFlow(natTCP4, 33002, netip.AddrPortFrom(natLB4, natPort))
+	if ret, _ := r.run(r.lb0, c.fromClient("S", nil).frame(t)); ret != xdpDrop {
+		t.Fatalf("a flow after 31 s idle of an answered one: action %d, want drop (the port is held 900 s)", ret)
+	}
+	wantCounts(t, r.f, map[string]uint64{"nat_no_port": 2, "nat_reply": 1})
 }

@@ -113,7 +113,20 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	if err != nil {
 		return err
 	}
-	l.resolveNextHops(viaNAT, 3*time.Second)
+	// Wait (up to 3 s, under the loader's lock) only for NAT backends new to this apply: a
+	// health transition or a slow-start step must not stall on a next hop already asked
+	// for; the maintenance loop asks again for those.
+	known := map[string]bool{}
+	for _, b := range l.natBackends {
+		known[b.Address] = true
+	}
+	var newNAT []*pools.Backend
+	for _, b := range viaNAT {
+		if !known[b.Address] {
+			newNAT = append(newNAT, b)
+		}
+	}
+	l.resolveNextHops(newNAT, 3*time.Second)
 	l.natBackends = viaNAT
 	for name, ps := range plan {
 		for i := range ps {

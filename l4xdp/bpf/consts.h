@@ -13,6 +13,11 @@
 #define NAT_PROBES 32      /* ports a new NAT flow tries before it is dropped (as Linux's
 			    * NAT gives up after a bounded number of attempts) */
 #define NAT_CLOSING 60     /* seconds a NAT flow may stay idle once a FIN was seen */
+#define NAT_UNREPLIED 30   /* seconds a NAT flow holds its port before the backend's first reply
+			    * (conntrack's unreplied UDP; a SYN flood holds each port this long, not
+			    * the VIP's idle timeout) */
+#define NAT_RST 10         /* seconds a NAT flow holds its port after a RST from either side
+			    * (conntrack's CLOSE): a forged RST does not free a live flow's port */
 #define WLC_SCAN 16 /* weighted least connections scans pools up to this size; above it, the
 		     * weighted power of two choices */
 
@@ -73,5 +78,8 @@ enum lb_path {
 	PATH_NAT_NO_PORT = 19, /* new NAT flow dropped: no free source port (or nat_rev full) */
 	PATH_NAT_NO_ROUTE = 20, /* NAT packet dropped: no route or no neighbour for its next hop */
 	PATH_NAT_FRAGMENT = 21, /* fragment of a NAT backend's VIP: dropped (no ports to rewrite) */
+	PATH_NAT_STRAY = 22,   /* TCP/UDP to a NAT source and a port of the NAT range that no NAT
+				* flow holds (a reply after its flow ended): dropped, so the host
+				* does not answer the backend with a RST */
 	PATH_MAX = 24,
 };

@@ -245,6 +245,17 @@ static __always_inline void nat_key_of(struct nat_key *k, const __u8 *src, __be1
 	k->proto = proto;
 }
 
+/* addr_eq compares two 16-byte addresses. */
+static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
+{
+	const __u16 *x = (const void *)a, *y = (const void *)b;
+	__u16 d = 0;
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		d |= x[i] ^ y[i];
+	return d == 0;
+}
+
 /* flow_eq compares two flow keys (no memcmp in BPF; a flow is 2-byte aligned). */
 static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
 {
@@ -257,14 +268,17 @@ static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
 }
 
 /* nat_own says whether the reply entry at k is flow f's own (its connection entry was
- * evicted: the flow keeps its port, another would be another connection to the backend),
- * and refreshes it. */
+ * evicted or reset: the flow keeps its port, another would be another connection to the
+ * backend), and refreshes it as a flow that starts again (unreplied until the backend
+ * answers). */
 static __noinline int nat_own(struct nat_key *k, const struct flow *f, __u64 now)
 {
 	struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
 	if (!o || !flow_eq(&o->client, f))
 		return 0;
 	o->last_seen = now;
+	o->replied = 0;
+	o->timeout = o->idle < NAT_UNREPLIED ? o->idle : NAT_UNREPLIED;
 	return 1;
 }
 
@@ -298,7 +312,8 @@ static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, con
 	struct nat_entry *e = &sc->e;
 	__builtin_memset(e, 0, sizeof(*e));
 	e->nh.ifindex = ctx->ingress_ifindex; /* the way in: at 0, so the first reply asks the FIB */
-	e->timeout = vm->idle_timeout;
+	e->idle = vm->idle_timeout;
+	e->timeout = vm->idle_timeout < NAT_UNREPLIED ? vm->idle_timeout : NAT_UNREPLIED;
 	e->last_seen = now;
 	__builtin_memcpy(&e->client, f, sizeof(e->client));
 	__builtin_memcpy(e->nh.dmac, eth->h_source, ETH_ALEN);
@@ -320,9 +335,14 @@ static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, con
 			return 0;
 		}
 		struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
-		if (o && now > o->last_seen && now - o->last_seen > (__u64)o->timeout * NSEC_PER_SEC) {
-			/* Idle past its timeout: the port is free. Of CPUs racing for it, the one
-			 * whose insert succeeds takes it. */
+		if (!o)
+			continue;
+		__u64 seen = o->last_seen;
+		if (now > seen && now - seen > (__u64)o->timeout * NSEC_PER_SEC &&
+		    __sync_val_compare_and_swap(&o->last_seen, seen, now) == seen) {
+			/* Idle past its timeout: the port is free. Of CPUs racing for it only the
+			 * one whose compare-and-swap claimed the stale entry removes it (the others
+			 * see it fresh and probe on); whoever inserts first then takes the port. */
 			bpf_map_delete_elem(&nat_rev, k);
 			if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0) {
 				*src_idx = idx;
@@ -364,18 +384,18 @@ static __noinline void nat_release(const struct conn *c, const struct backend *b
 
 /* nat_refresh is the connection-table refresh of a NAT flow (at most once a second): its
  * reply entry must still be the flow's (a port idle past its timeout may have gone to
- * another flow; then the entry is stale: returns 0), and is refreshed too; a FIN shortens its
- * timeout to NAT_CLOSING. */
+ * another flow; then the entry is stale: returns 0), and is refreshed too; cap, when not 0,
+ * shortens its timeout (NAT_CLOSING for a FIN, NAT_RST for a RST). */
 static __noinline int nat_refresh(const struct conn *c, const struct backend *b, const struct flow *f, __u64 now,
-				  int fin)
+				  __u32 cap)
 {
 	struct nat_key *k = NULL;
 	struct nat_entry *e = nat_rev_of(c, b, f->proto, &k);
 	if (!e || !flow_eq(&e->client, f))
 		return 0;
 	e->last_seen = now;
-	if (fin && e->timeout > NAT_CLOSING)
-		e->timeout = NAT_CLOSING;
+	if (cap && e->timeout > cap)
+		e->timeout = cap;
 	return 1;
 }
 
@@ -456,7 +476,9 @@ static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, stru
 	if ((void *)(eth + 1) > data_end)
 		return XDP_DROP;
 	struct nat_source *ns = bpf_map_lookup_elem(&nat_sources, &src_idx);
-	if (!ns) {
+	if (!ns || !(((__u64 *)ns->addr)[0] | ((__u64 *)ns->addr)[1])) {
+		/* The flow's source is gone (a loader restarted with fewer --nat-source): never
+		 * sent from an empty address; its next refresh finds it stale and it re-picks. */
 		count(&path_stats, PATH_NAT_NO_PORT, len);
 		return XDP_DROP;
 	}
@@ -494,6 +516,28 @@ static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, stru
 	return act;
 }
 
+/* nat_stray says whether f (to the LB) is addressed to a NAT source and a port of the NAT
+ * range: a reply of no NAT flow (one that ended, or was never ours). The host holds no socket
+ * there (the range is reserved from its own ports), so passed to it such a packet would get
+ * the backend a RST or a port unreachable for a flow the LB just let go. */
+static __always_inline int nat_stray(const struct lb_config *cfg, const struct flow *f)
+{
+	__u16 port = bpf_ntohs(f->dport);
+	if (port < cfg->nat_port_lo || port > cfg->nat_port_hi)
+		return 0;
+	int v6 = !(f->dst[10] == 0xff && f->dst[11] == 0xff);
+	__u32 base = v6 ? MAX_NAT_SOURCES / 2 : 0, n = v6 ? cfg->nat_v6 : cfg->nat_v4;
+	for (__u32 i = 0; i < MAX_NAT_SOURCES / 2; i++) {
+		if (i >= n)
+			break;
+		__u32 idx = base + i;
+		struct nat_source *ns = bpf_map_lookup_elem(&nat_sources, &idx);
+		if (ns && addr_eq(ns->addr, f->dst))
+			return 1;
+	}
+	return 0;
+}
+
 /* nat_reply rewrites a NAT backend's packet (f: backend -> NAT source) back to VIP -> client;
  * for an ICMP error from the backend's side (T_ICMP in tflags: it quotes source -> backend;
  * f is the quoted packet swapped) the error goes to the client quoting client -> VIP.
@@ -518,8 +562,13 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 	__builtin_memcpy(k->lb, f->dst, 16);
 	__builtin_memcpy(k->backend, f->src, 16);
 	struct nat_entry *e = bpf_map_lookup_elem(&nat_rev, k);
-	if (!e)
+	if (!e) {
+		if (!icmp && nat_stray(cfg, f)) {
+			count(&path_stats, PATH_NAT_STRAY, len);
+			return XDP_DROP;
+		}
 		return -1;
+	}
 	void *data_end = (void *)(long)ctx->data_end;
 	int v6 = eth->h_proto == bpf_htons(ETH_P_IPV6);
 	__u64 now = bpf_ktime_get_coarse_ns();
@@ -527,8 +576,12 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		/* The flow lives while either side speaks: refresh its connection entry too. */
 		e->last_seen = now;
 		struct conn *c = bpf_map_lookup_elem(&conns, &e->client);
-		if (c && now > c->last_seen + NSEC_PER_SEC)
+		if (c && (c->flags & C_NAT) && c->nat_port == k->lb_port && now > c->last_seen + NSEC_PER_SEC)
 			c->last_seen = now;
+	}
+	if (!icmp && !e->replied) { /* the backend answered: the flow may idle as the VIP allows */
+		e->replied = 1;
+		e->timeout = e->idle;
 	}
 	if ((tflags & T_FIN) && e->timeout > NAT_CLOSING) /* TCP's FIN; UDP sets no flags */
 		e->timeout = NAT_CLOSING;
@@ -553,10 +606,11 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		return XDP_DROP;
 	}
 	if (tflags & T_RST) {
-		/* The backend reset the flow: its port is free a second from now (a client packet
-		 * sent meanwhile still finds the entry its own). */
+		/* The backend reset the flow: its port is free NAT_RST seconds from its last packet
+		 * (a forged RST, which the client's stack ignores, frees no live flow's port). */
 		count(&path_stats, PATH_TCP_RST, len);
-		e->timeout = 1;
+		if (e->timeout > NAT_RST)
+			e->timeout = NAT_RST;
 	}
 	int act = nat_send(ctx, eth, v6, e->client.dst, e->client.src, &e->nh, len);
 	if (act != XDP_DROP)

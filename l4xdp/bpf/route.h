@@ -117,10 +117,12 @@ static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const st
 	struct conn nc = {.backend = a->bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now, .nat_src = src_idx,
 			  .nat_port = port, .flags = C_NAT | ((tflags & T_FIN) ? 0 : C_COUNTED | ((tflags & T_SYN) ? C_SYN : 0))};
 	if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) != 0) {
-		/* Another CPU started the flow first (the same SYN twice): give the port back and
-		 * go where it went. */
-		nat_release(&nc, b, f);
+		/* Another CPU started the flow first (the same SYN twice): give the port back,
+		 * unless it is the one that CPU took (our probe found its entry, the flow's own),
+		 * and go where it went. */
 		struct conn *o = bpf_map_lookup_elem(&conns, f);
+		if (!o || o->nat_src != src_idx || o->nat_port != port)
+			nat_release(&nc, b, f);
 		if (!o || !(o->flags & C_NAT)) {
 			count(&path_stats, PATH_NAT_NO_PORT, len);
 			return XDP_DROP;
@@ -170,7 +172,8 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		if (usable && !(c->flags & C_NAT) != !(b->flags & B_NAT))
 			usable = 0;
 		if (usable && (c->flags & C_NAT) && !(tflags & T_ICMP) &&
-		    ((tflags & T_FIN) || now > c->last_seen + NSEC_PER_SEC) && !nat_refresh(c, b, f, now, tflags & T_FIN))
+		    ((tflags & (T_FIN | T_RST)) || now > c->last_seen + NSEC_PER_SEC) &&
+		    !nat_refresh(c, b, f, now, rst ? NAT_RST : (tflags & T_FIN) ? NAT_CLOSING : 0))
 			usable = 0;
 		if (usable) {
 			count(&path_stats, PATH_CONN_HIT, len);
@@ -178,8 +181,9 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 			__be16 nat_port = c->nat_port;
 			int nat = c->flags & C_NAT;
 			if (rst) {
+				/* A NAT flow's port stays NAT_RST seconds (nat_refresh shortened it):
+				 * a forged RST the backend ignores must not free it to another flow. */
 				count(&path_stats, PATH_TCP_RST, len);
-				nat_release(c, b, f);
 				uncount(c, b);
 				bpf_map_delete_elem(&conns, f);
 			} else if (!(tflags & T_ICMP)) {

@@ -93,7 +93,11 @@ struct nat_entry {
 	struct next_hop nh;   /* toward the client: first the way the flow came in (its first
 			       * frame's MACs and interface, used while the FIB has no neighbour
 			       * for the client), then the FIB's */
-	__u32 timeout;        /* idle seconds after which the entry (and its port) is free */
+	__u32 timeout;        /* idle seconds after which the entry (and its port) is free: at
+			       * most NAT_UNREPLIED until the backend's first reply, then the
+			       * VIP's idle timeout, shortened by a FIN or RST */
+	__u32 idle;           /* the VIP's idle timeout, seconds */
+	__u32 replied;        /* the backend has answered */
 	__u32 pad;
 	__u64 last_seen;      /* either direction, refreshed at most once a second */
 };

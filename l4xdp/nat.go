@@ -63,7 +63,7 @@ func (n NAT) Validate() error {
 	return nil
 }
 
-// has4, has6: whether a NAT backend of that family has a source to leave from.
+// has says whether a NAT backend of the family (IPv4 when v4) has a source to leave from.
 func (n NAT) has(v4 bool) bool {
 	for _, a := range n.Sources {
 		if a.Unmap().Is4() == v4 {
@@ -99,8 +99,8 @@ type natPlan map[*pools.Backend]bool
 
 // planNAT decides, for every backend of the served services, DR or NAT: the file's
 // forwarding, and for auto the LB interface's subnets (a backend inside one, or with a mac:
-// in the file, on the VIP's port, is reached directly). A NAT backend needs a source of its family and the VIP's
-// family (the translation keeps the IP version).
+// in the file, on the VIP's port, is reached directly). A NAT backend needs a source of its
+// family, and the VIP's family (the translation keeps the IP version).
 func (l *Loader) planNAT(f *pools.File, served []*pools.Service) (natPlan, error) {
 	var addrs []netlink.Addr
 	if l.iface != nil {
@@ -153,6 +153,7 @@ func (l *Loader) planNAT(f *pools.File, served []*pools.Service) (natPlan, error
 	return plan, errors.Join(errs...)
 }
 
+// natReason says why backend b of s is reached by NAT, for the error that asks for a source.
 func natReason(s *pools.Service, b *pools.Backend) string {
 	if f := b.Forwarding; f == pools.ForwardingNAT {
 		return "forwarding: nat"

@@ -17,8 +17,10 @@ import (
 var errTooLarge = errors.New("pools file too large")
 
 // ReadFile reads the pools file at path, refusing one over MaxFileSize before reading a
-// byte of it (a wrong path can name a disk image), and reading through a limited reader, so
-// a file that grows after the check, or that has no size (a pipe), is refused at the limit.
+// byte of it (a wrong path can name a disk image). It reads at most the size it found plus
+// one byte, so a file that grows while it is read costs no more memory than the size it
+// had: it is refused as changed while read (the next look reads it whole, or refuses it as
+// too large). A file with no size (a pipe) is read through a reader limited to MaxFileSize.
 // A non-nil error is an ErrorList of one entry.
 func ReadFile(path string) ([]byte, error) {
 	fh, err := os.Open(path)
@@ -26,18 +28,37 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
 	}
 	defer fh.Close()
-	if st, err := fh.Stat(); err == nil && st.Size() > MaxFileSize {
-		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is %d bytes; the limit is %d", st.Size(), MaxFileSize), Err: errTooLarge}}
-	}
-	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
+	st, err := fh.Stat()
 	if err != nil {
 		return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
 	}
-	if len(data) > MaxFileSize {
-		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is over %d bytes, the limit", MaxFileSize), Err: errTooLarge}}
+	if st.Size() > MaxFileSize {
+		return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is %d bytes; the limit is %d", st.Size(), MaxFileSize), Err: errTooLarge}}
 	}
-	return data, nil
+	if !st.Mode().IsRegular() {
+		data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
+		if err != nil {
+			return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
+		}
+		if len(data) > MaxFileSize {
+			return nil, ErrorList{{File: path, Msg: fmt.Sprintf("pools file is over %d bytes, the limit", MaxFileSize), Err: errTooLarge}}
+		}
+		return data, nil
+	}
+	buf := make([]byte, st.Size()+1)
+	n, err := io.ReadFull(fh, buf)
+	switch {
+	case err == nil: // more than the size found: it grew meanwhile
+		return nil, ErrorList{{File: path, Msg: "pools file changed while being read", Err: errChanged}}
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return buf[:n], nil
+	}
+	return nil, ErrorList{{File: path, Msg: "reading pools file: " + err.Error(), Err: err}}
 }
+
+// errChanged marks ReadFile's refusal of a file that grew while it was read: not an edit
+// yet (the watcher looks again).
+var errChanged = errors.New("pools file changed while being read")
 
 // Watcher reloads a pools file whenever its content changes: the one reload loop of every
 // tier that serves a pools file (`stickylb xds`, `stickylb xdp`). It polls, because polling

@@ -123,8 +123,14 @@ func (l *Loader) planNAT(f *pools.File, served []*pools.Service) (natPlan, error
 	}
 	plan := natPlan{}
 	var errs []error
+	lo, hi := l.cfg.NAT.ports()
 	for _, s := range served {
 		vip, _ := s.VIPAddrPort()
+		// A VIP on a NAT source inside the NAT range would take that port's replies for
+		// client traffic (VIPs are looked up first).
+		if slices.Contains(l.cfg.NAT.Sources, vip.Addr().Unmap()) && vip.Port() >= lo && vip.Port() <= hi {
+			errs = append(errs, fmt.Errorf("%s:%d: service %s: vip %s is a --nat-source address on a port of the NAT range %d-%d: move the vip's port or the range", f.Filename, s.Line, s.Name, s.VIP, lo, hi))
+		}
 		for _, b := range s.Backends {
 			ap := b.AddrPort()
 			nat := false

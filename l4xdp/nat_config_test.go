@@ -81,6 +81,21 @@ func TestNATBadInput(t *testing.T) {
 		}
 	})
 
+	t.Run("a vip on a NAT source, on a port of the range", func(t *testing.T) {
+		g, err := pools.Parse("pools.yaml", []byte("services:\n  - name: odd\n    protocol: tcp\n    vip: 10.0.0.1:61500\n    backends:\n      - {address: 10.0.0.9:61500, mac: \"02:00:00:00:00:09\"}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &Loader{cfg: Config{NAT: NAT{Sources: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}}}
+		if _, err := l.planNAT(g, g.Services); err == nil || !strings.Contains(err.Error(), "pools.yaml:2: service odd: vip 10.0.0.1:61500 is a --nat-source address on a port of the NAT range 61000-65535") {
+			t.Errorf("error %v, want one naming the vip and the range", err)
+		}
+		l.cfg.NAT.PortLow, l.cfg.NAT.PortHigh = 62000, 63000
+		if _, err := l.planNAT(g, g.Services); err != nil {
+			t.Errorf("the vip's port outside the range refused: %v", err)
+		}
+	})
+
 	for _, tc := range []struct {
 		n    NAT
 		want string

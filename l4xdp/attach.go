@@ -65,8 +65,9 @@ const (
 	DefaultNATPortHigh = 65535
 )
 
-// transientMaps are the program's maps a loader makes for itself, unpinned: its config
-// (written from its flags) and the per-CPU insert budgets.
+// transientMaps are the program's maps a loader makes for itself, unpinned: its config and
+// NAT sources (written from its flags), the per-CPU insert budgets, schedule positions and
+// NAT scratch space.
 var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch"}
 
 // pinned maps: the state a restarted loader adopts.

@@ -245,26 +245,30 @@ static __always_inline void nat_key_of(struct nat_key *k, const __u8 *src, __be1
 	k->proto = proto;
 }
 
-/* addr_eq compares two 16-byte addresses. */
-static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
+/* words_eq compares n 16-bit words (no memcmp in BPF; n is a constant, so the loop unrolls). */
+static __always_inline int words_eq(const void *a, const void *b, int n)
 {
-	const __u16 *x = (const void *)a, *y = (const void *)b;
+	const __u16 *x = a, *y = b;
 	__u16 d = 0;
 #pragma unroll
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < 20; i++) {
+		if (i >= n)
+			break;
 		d |= x[i] ^ y[i];
+	}
 	return d == 0;
 }
 
-/* flow_eq compares two flow keys (no memcmp in BPF; a flow is 2-byte aligned). */
+/* addr_eq compares two 16-byte addresses. */
+static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
+{
+	return words_eq(a, b, 8);
+}
+
+/* flow_eq compares two flow keys (a flow is 2-byte aligned). */
 static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
 {
-	const __u16 *x = (const void *)a, *y = (const void *)b;
-	__u16 d = 0;
-#pragma unroll
-	for (int i = 0; i < (int)(sizeof(struct flow) / 2); i++)
-		d |= x[i] ^ y[i];
-	return d == 0;
+	return words_eq(a, b, sizeof(struct flow) / 2);
 }
 
 /* nat_own says whether the reply entry at k is flow f's own (its connection entry was
@@ -516,15 +520,12 @@ static __noinline int nat_forward(struct xdp_md *ctx, const struct flow *f, stru
 	return act;
 }
 
-/* nat_stray says whether f (to the LB) is addressed to a NAT source and a port of the NAT
- * range: a reply of no NAT flow (one that ended, or was never ours). The host holds no socket
+/* nat_stray says whether f (to the LB, on a port of the NAT range) is addressed to a NAT
+ * source: a reply of no NAT flow (one that ended, or was never ours). The host holds no socket
  * there (the range is reserved from its own ports), so passed to it such a packet would get
  * the backend a RST or a port unreachable for a flow the LB just let go. */
 static __always_inline int nat_stray(const struct lb_config *cfg, const struct flow *f)
 {
-	__u16 port = bpf_ntohs(f->dport);
-	if (port < cfg->nat_port_lo || port > cfg->nat_port_hi)
-		return 0;
 	int v6 = !(f->dst[10] == 0xff && f->dst[11] == 0xff);
 	__u32 base = v6 ? MAX_NAT_SOURCES / 2 : 0, n = v6 ? cfg->nat_v6 : cfg->nat_v4;
 	for (__u32 i = 0; i < MAX_NAT_SOURCES / 2; i++) {
@@ -550,6 +551,11 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		return -1;
 	struct lb_config *cfg = lb_config();
 	if (!cfg || (cfg->nat_v4 == 0 && cfg->nat_v6 == 0))
+		return -1;
+	/* Every NAT flow's LB port is in the range: the host's own traffic, on other ports,
+	 * passes without a table lookup. */
+	__u16 port = bpf_ntohs(f->dport);
+	if (port < cfg->nat_port_lo || port > cfg->nat_port_hi)
 		return -1;
 	struct nat_scratch *sc = scratch();
 	if (!sc)

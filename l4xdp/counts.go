@@ -61,31 +61,22 @@ func (f *Tables) Recount() error {
 	counted := map[uint32]int64{}
 	var expired []lbFlow
 	var expiredConn []lbConn
-	// In batches: a million entries one lookup at a time would cost seconds of system time.
-	keys, vals := make([]lbFlow, recountBatch), make([]lbConn, recountBatch)
-	var cursor ebpf.MapBatchCursor
-	for done := false; !done; {
-		n, err := f.objs.Conns.BatchLookup(&cursor, keys, vals, nil)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			done = true
-		} else if err != nil {
-			return fmt.Errorf("reading the connection table: %w", err)
+	err = eachEntry(f.objs.Conns, func(k lbFlow, c lbConn) {
+		if c.Flags&connCounted == 0 {
+			return
 		}
-		for i := 0; i < n; i++ {
-			k, c := keys[i], vals[i]
-			if c.Flags&connCounted == 0 {
-				continue
-			}
-			to, ok := idle[uint32(c.VipId)]
-			if !ok || !alive[uint32(c.Backend)] || gens[uint32(c.Backend)] != c.Gen {
-				continue // the program would not use it: its count was reset with its slot
-			}
-			if now > c.LastSeen && now-c.LastSeen > to {
-				expired, expiredConn = append(expired, k), append(expiredConn, c)
-				continue
-			}
-			counted[uint32(c.Backend)]++
+		to, ok := idle[uint32(c.VipId)]
+		if !ok || !alive[uint32(c.Backend)] || gens[uint32(c.Backend)] != c.Gen {
+			return // the program would not use it: its count was reset with its slot
 		}
+		if now > c.LastSeen && now-c.LastSeen > to {
+			expired, expiredConn = append(expired, k), append(expiredConn, c)
+			return
+		}
+		counted[uint32(c.Backend)]++
+	})
+	if err != nil {
+		return fmt.Errorf("reading the connection table: %w", err)
 	}
 	for i, k := range expired {
 		c := expiredConn[i]
@@ -109,6 +100,25 @@ func (f *Tables) Recount() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// eachEntry calls fn for every entry of m, read in batches: a million entries one lookup at
+// a time would cost seconds of system time. Entries the program adds or removes meanwhile
+// may be seen or not.
+func eachEntry[K, V any](m *ebpf.Map, fn func(K, V)) error {
+	keys, vals := make([]K, recountBatch), make([]V, recountBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			fn(keys[i], vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
 }
 
 // activeCounts reads every non-zero or named slot's active count.

@@ -236,27 +236,15 @@ func (f *Tables) SweepNAT() (int, error) {
 	var stale []lbNatKey
 	var staleSeen []uint64
 	left := 0
-	keys, vals := make([]lbNatKey, recountBatch), make([]lbNatEntry, recountBatch)
-	var cursor ebpf.MapBatchCursor
-	for done := false; !done; {
-		n, err := f.objs.NatRev.BatchLookup(&cursor, keys, vals, nil)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			done = true
-		} else if err != nil {
-			return 0, fmt.Errorf("reading the NAT table: %w", err)
+	err := eachEntry(f.objs.NatRev, func(k lbNatKey, e lbNatEntry) {
+		if now > e.LastSeen && now-e.LastSeen > uint64(e.Timeout)*1e9 {
+			stale, staleSeen = append(stale, k), append(staleSeen, e.LastSeen)
+			return
 		}
-		for i := 0; i < n; i++ {
-			e := vals[i]
-			idle := uint64(0)
-			if now > e.LastSeen {
-				idle = now - e.LastSeen
-			}
-			if idle > uint64(e.Timeout)*1e9 {
-				stale, staleSeen = append(stale, keys[i]), append(staleSeen, e.LastSeen)
-				continue
-			}
-			left++
-		}
+		left++
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading the NAT table: %w", err)
 	}
 	var e lbNatEntry
 	for i, k := range stale {

@@ -186,11 +186,8 @@ func (l *Loader) resolveNextHops(bs []*pools.Backend, wait time.Duration) {
 		if len(bs) == 0 {
 			return
 		}
-		for _, b := range bs { // a datagram makes the kernel resolve the next hop
-			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.AddrPort().Addr(), 9))); err == nil {
-				c.Write([]byte{0})
-				c.Close()
-			}
+		for _, b := range bs {
+			pokeNeighbour(b.AddrPort().Addr())
 		}
 		if time.Now().After(deadline) {
 			if wait > 0 {
@@ -208,7 +205,6 @@ func (l *Loader) resolveNextHops(bs []*pools.Backend, wait time.Duration) {
 // nextHopKnown says whether the kernel has a usable neighbour entry for the next hop toward
 // backend b.
 func nextHopKnown(b *pools.Backend) bool {
-	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
 	ip := net.IP(b.AddrPort().Addr().Unmap().AsSlice())
 	routes, err := netlink.RouteGet(ip)
 	if err != nil || len(routes) == 0 {
@@ -223,7 +219,7 @@ func nextHopKnown(b *pools.Backend) bool {
 		return false
 	}
 	return slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
-		return n.IP.Equal(hop) && len(n.HardwareAddr) == 6 && n.State&usable != 0
+		return n.IP.Equal(hop) && len(n.HardwareAddr) == 6 && n.State&usableNeighbour != 0
 	})
 }
 

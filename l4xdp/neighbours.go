@@ -27,7 +27,6 @@ func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.Hardwa
 			missing = append(missing, b)
 		}
 	}
-	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
 	deadline := time.Now().Add(3 * time.Second)
 	for len(missing) > 0 {
 		neighs, err := netlink.NeighList(l.iface.Index, netlink.FAMILY_ALL)
@@ -36,7 +35,7 @@ func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.Hardwa
 		}
 		known := make(map[netip.Addr]net.HardwareAddr, len(neighs))
 		for _, n := range neighs {
-			if a, ok := netip.AddrFromSlice(n.IP); ok && len(n.HardwareAddr) == 6 && n.State&usable != 0 {
+			if a, ok := netip.AddrFromSlice(n.IP); ok && len(n.HardwareAddr) == 6 && n.State&usableNeighbour != 0 {
 				known[a.Unmap()] = n.HardwareAddr
 			}
 		}
@@ -59,13 +58,22 @@ func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.Hardwa
 			}
 			return nil, errors.Join(errs...)
 		}
-		for _, b := range missing { // a datagram makes the kernel resolve the neighbour
-			if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.AddrPort().Addr(), 9))); err == nil {
-				c.Write([]byte{0})
-				c.Close()
-			}
+		for _, b := range missing {
+			pokeNeighbour(b.AddrPort().Addr())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	return out, nil
+}
+
+// usableNeighbour is the neighbour-table states whose MAC the kernel would send to.
+const usableNeighbour = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_PERMANENT | netlink.NUD_DELAY | netlink.NUD_PROBE
+
+// pokeNeighbour sends one datagram toward addr (its discard port): the kernel resolves the
+// neighbour on the way, the next hop's when addr is behind a router.
+func pokeNeighbour(addr netip.Addr) {
+	if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 9))); err == nil {
+		c.Write([]byte{0})
+		c.Close()
+	}
 }

@@ -383,10 +383,18 @@ func TestLiveFramesBothArms(t *testing.T) {
 // rewrites and redirects). Compare the pps metrics; bench/xdp.sh prints the ratios.
 func BenchmarkLiveFrames(b *testing.B) {
 	lt := newLiveTopo(b)
-	for _, arm := range []struct {
-		name  string
-		setup func() func()
-	}{{"floor", lt.armFloor}, {"stickylb", lt.armStickylb}, {"nftables", lt.armNftables}} {
+	lt.runArms(b, []liveArm{{"floor", lt.armFloor}, {"stickylb", lt.armStickylb}, {"nftables", lt.armNftables}})
+}
+
+// liveArm is one arm of a live-frames benchmark: setup installs it and returns its undo.
+type liveArm struct {
+	name  string
+	setup func() func()
+}
+
+// runArms runs each arm as a sub-benchmark of b through lt, reporting pps and ns/packet.
+func (lt *liveTopo) runArms(b *testing.B, arms []liveArm) {
+	for _, arm := range arms {
 		b.Run("arm="+arm.name, func(b *testing.B) {
 			lt.tb = b
 			undo := arm.setup()

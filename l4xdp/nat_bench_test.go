@@ -195,29 +195,8 @@ func (lt *liveTopo) armNftablesNAT() func() {
 // and ns/packet metrics; bench/xdp.sh prints the ratios.
 func BenchmarkLiveNAT(b *testing.B) {
 	lt := newNATLiveTopo(b)
-	for _, arm := range []struct {
-		name  string
-		setup func() func()
-	}{{"floor", lt.armFloor}, {"stickylb-dr", lt.armStickylb}, {"stickylb-nat", lt.armStickylbNAT}, {"nftables-nat", lt.armNftablesNAT}} {
-		b.Run("arm="+arm.name, func(b *testing.B) {
-			lt.tb = b
-			undo := arm.setup()
-			defer undo()
-			n := uint32(max(b.N, 100000))
-			b.ResetTimer()
-			var r liveRun
-			for try := 0; ; try++ {
-				if r = lt.measure(b, n, liveBatch); len(r.moved) == 0 {
-					break
-				}
-				if try == 4 {
-					b.Fatalf("every run lost frames; the last lost %d of %d: %v", r.lost, n, r.moved)
-				}
-			}
-			b.ReportMetric(r.pps, "pps")
-			b.ReportMetric(1e9/r.pps, "ns/packet")
-		})
-	}
+	lt.runArms(b, []liveArm{{"floor", lt.armFloor}, {"stickylb-dr", lt.armStickylb}, {"stickylb-nat", lt.armStickylbNAT},
+		{"nftables-nat", lt.armNftablesNAT}})
 }
 
 // progRunNATArm is one arm of BenchmarkProgRunNAT: a packet, what the program must answer.

@@ -155,8 +155,9 @@ func BenchmarkVirtualNodesRing(b *testing.B) {
 	}
 	build := map[string]func() (*Ring, error){
 		"virtual_nodes": func() (*Ring, error) { return NewVirtualNodesRing(hosts, v, 0) },
-		// The existing settings that reach the same point count: min_ring_size = points.
-		"min_ring_size": func() (*Ring, error) { return NewRing(hosts, size, DefaultMaxRingSize) },
+		// The existing settings that reach the same point count: min_ring_size = points, with
+		// Envoy's own maximum (stickylb's default maximum is gRPC's cap, below 40,000).
+		"min_ring_size": func() (*Ring, error) { return NewRing(hosts, size, MaxRingSize) },
 	}
 	for _, name := range []string{"virtual_nodes", "min_ring_size"} {
 		r, err := build[name]()

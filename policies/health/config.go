@@ -109,6 +109,15 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// FirstVerdictWithin bounds how long a new target stays Unknown before its first
+// probe has completed: the first probe's delay, below min(Interval/10, 1s), plus the
+// probe's Timeout (see the package documentation), with c's defaults applied. A tier
+// that holds its last verdicts until its checker's first ones holds them this long.
+func (c Config) FirstVerdictWithin() time.Duration {
+	c = c.WithDefaults()
+	return min(c.Interval/firstProbeSpread, maxFirstProbeDelay) + c.Timeout
+}
+
 // Validate reports every problem of c (after defaults), joined into one
 // error. Intervals must lie in [MinInterval, MaxInterval]; tests that need
 // shorter ones pass AllowShortIntervals to NewChecker instead.

@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/healthlog"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -27,10 +28,14 @@ type Loader struct {
 	slots  map[string]uint32 // "service/identity" -> backend slot (pinned in backend_names)
 	vipIDs map[string]uint32 // service -> VIP id (pinned in vip_names)
 	// lastDown: each backend's last health verdict, read back from the pinned flags by a
-	// restarted loader. Until a (re)started checker has a verdict of its own, this one holds:
-	// a dead backend does not get new flows back for a restart or a pools-file edit.
-	lastDown map[string]bool
-	health   *health.Monitor // one checker per VIP service with a health_check
+	// restarted loader. Until a (re)started checker has probed a backend, for its
+	// first-verdict bound (holdUntil), this one holds: a dead backend does not get new flows
+	// back for a restart or a pools-file edit. After that, Unknown is routable.
+	lastDown  map[string]bool
+	holdUntil time.Time
+	// healthLog logs the own checker's transitions, a prober fault once per cause.
+	healthLog *healthlog.Logger
+	health    *health.Monitor // one checker per VIP service with a health_check
 	// external, when set, gives the verdicts instead of health (ApplyView: a loader fed by
 	// a control plane probes nothing).
 	external Verdicts

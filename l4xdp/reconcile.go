@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/healthlog"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -24,6 +25,9 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.external = nil // the loader's own checks decide
+	// A checker (re)started by this apply has probed nothing yet: until its first verdicts
+	// can be in, a backend this loader had down stays down (see unhealthyLocked).
+	l.holdUntil = l.now().Add(firstVerdictHold(f))
 	if err := l.applyLocked(f); err != nil {
 		return err
 	}
@@ -319,7 +323,22 @@ func maglevTable(ms []member, size uint64) ([]uint32, error) {
 	return table, nil
 }
 
-// unhealthyLocked: the checker's verdict, or until it has one, the last verdict known.
+// firstVerdictHold is how long the checkers of f's vip services may take to give their
+// first verdicts, with slack for a probe's timer and the transition's delivery on a loaded
+// machine.
+func firstVerdictHold(f *pools.File) time.Duration {
+	var d time.Duration
+	for _, s := range pools.HealthServices(vipServices(f)) {
+		d = max(d, s.Config.FirstVerdictWithin()+250*time.Millisecond)
+	}
+	return d
+}
+
+// unhealthyLocked: the checker's verdict; Unknown is routable (health.State.Routable, as on
+// every tier), except while a (re)started checker has not probed the backend yet: for its
+// first-verdict bound, the last verdict known holds, as the control plane publishes nothing
+// until its first probes decide. A prober fault (the checker probed and could not) is
+// routable at once.
 func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend) bool {
 	if s.HealthCheck == nil {
 		delete(l.lastDown, key)
@@ -329,19 +348,35 @@ func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend)
 		return l.externalDownLocked(s, key, b) // the control plane's verdict
 	}
 	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
-	if st == health.Unknown {
-		return l.lastDown[key]
+	if st == health.Unknown && l.lastDown[key] && l.now().Before(l.holdUntil) {
+		if tr, ok := l.seen[key]; !ok || tr.To != health.Unknown {
+			return true
+		}
 	}
-	l.lastDown[key] = st == health.Unhealthy
+	l.lastDown[key] = !st.Routable()
 	return l.lastDown[key]
+}
+
+// holdEndedLocked says, once, that the hold of unhealthyLocked has ended: the tables are
+// built again, so a backend its checker could not probe (a first probe that hit a prober
+// fault makes no transition) takes new flows.
+func (l *Loader) holdEndedLocked(now time.Time) bool {
+	if l.holdUntil.IsZero() || now.Before(l.holdUntil) {
+		return false
+	}
+	l.holdUntil = time.Time{}
+	return l.external == nil
 }
 
 // onTransition rebuilds the tables after a health transition (flows to surviving backends
 // are untouched).
 func (l *Loader) onTransition(service string, tr health.Transition) {
-	l.log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID), zap.Bool("healthy", tr.Healthy))
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.healthLog == nil {
+		l.healthLog = healthlog.New(l.log)
+	}
+	l.healthLog.Transition(service, tr)
 	if l.seen == nil {
 		l.seen = map[string]health.Transition{}
 	}

@@ -24,15 +24,17 @@ type Verdict struct {
 }
 
 // Verdicts says what the control plane decided about a backend (identity id) of a service.
-// Unknown means no verdict yet: the backend keeps the last verdict this forwarder had (from
-// the pinned maps after a restart), so a control plane that restarts does not put a dead
-// backend back for its first probe; a backend never judged takes new flows. A service
+// Unknown (not probed yet, or a prober that cannot probe it) takes new flows, as Envoy, gRPC
+// and Caddy nodes route to an UNKNOWN endpoint (health.State.Routable): a node that kept
+// its last verdict would hold a backend down that every other tier sends sessions to. A
+// control plane that restarts does not put a dead backend back for its first probe: it
+// publishes no view until its first probes have decided (see docs/fleet.md). A service
 // whose HealthCheck is nil is not checked: its backends all take new flows.
 //
 // The time starts slow start: a backend found healthy after unhealthy (From, or this
 // node's own last verdict) ramps from Since, not from when this node heard of it, so every
 // node fed the same view builds the same table at the same step, one that connected after
-// the backend went down too.
+// the backend went down too. Unknown starts no ramp: it says nothing of a recovery.
 type Verdicts func(service, id string) Verdict
 
 // ApplyView installs f's vip services with the control plane's verdicts instead of the
@@ -67,15 +69,12 @@ func (l *Loader) ApplyView(f *pools.File, verdicts Verdicts) error {
 }
 
 // externalDownLocked is unhealthyLocked for a loader fed by a control plane: the verdict
-// decides, Unknown keeps the last one, and a healthy verdict that follows an unhealthy one
-// (as the control plane says, or as this node last knew it, pinned maps included) ramps
-// key from the control plane's transition time. Setting the ramp's start again on every
-// view is harmless: it is the same time, and a ramp past its window is done.
+// decides, Unknown is routable, and a healthy verdict that follows an unhealthy one (as
+// the control plane says, or as this node last knew it, pinned maps included) ramps key
+// from the control plane's transition time. Setting the ramp's start again on every view
+// is harmless: it is the same time, and a ramp past its window is done.
 func (l *Loader) externalDownLocked(s *pools.Service, key string, b *pools.Backend) bool {
 	v := l.external(s.Name, b.Identity())
-	if v.State == health.Unknown {
-		return l.lastDown[key]
-	}
 	// From counts only with a time: a start of "now" on every view would never step.
 	if v.State == health.Healthy && (v.From == health.Unhealthy && !v.Since.IsZero() || l.lastDown[key]) {
 		since := v.Since
@@ -86,7 +85,7 @@ func (l *Loader) externalDownLocked(s *pools.Service, key string, b *pools.Backe
 			l.recoveredLocked(key, since)
 		}
 	}
-	l.lastDown[key] = v.State == health.Unhealthy
+	l.lastDown[key] = !v.State.Routable()
 	return l.lastDown[key]
 }
 

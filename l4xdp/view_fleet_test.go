@@ -147,9 +147,8 @@ func fedFile(backends int) string {
 }
 
 // Two nodes fed the same view ramp a recovered backend from the control plane's
-// transition time (health_since), whatever each saw before (one saw the control plane
-// restart, verdicts unknown, in between; a third never saw the backend down and goes by
-// health_from), so they hold the same table at the same step; a node fed a later
+// transition time (health_since), whatever each saw before (a third never saw the backend
+// down and goes by health_from), so they hold the same table at the same step; a node fed a later
 // transition time is at another step; a backend first seen in a view ramps from its
 // verdict's time on both.
 func TestFedSlowStartSameStep(t *testing.T) {
@@ -165,7 +164,6 @@ func TestFedSlowStartSameStep(t *testing.T) {
 	if w := weightOf(t, a, b2); w != 0 {
 		t.Fatalf("an unhealthy backend has weight %d", w)
 	}
-	feed(t, b, fedFile(4), nil) // the control plane restarted: no verdicts yet
 	feed(t, a, fedFile(4), up)
 	feed(t, b, fedFile(4), up)
 	for name, l := range map[string]*Loader{"a": a, "b": b} {

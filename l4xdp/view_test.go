@@ -62,13 +62,19 @@ func TestLoaderApplyView(t *testing.T) {
 			t.Fatalf("a refused view changed the table: flags %d, slots %v", flags, table)
 		}
 	}
-	// No verdict (a control plane that restarted and has not probed yet): the last stays.
+	// No verdict (a backend the control plane cannot probe: a prober fault): UNKNOWN takes
+	// new flows, as on Envoy and gRPC nodes. (A restarted control plane publishes nothing
+	// until its first probes decide, so this is never its startup state.)
 	verdicts = map[string]health.State{}
 	if err := l.ApplyView(f, view); err != nil {
 		t.Fatal(err)
 	}
-	if _, table := vipTable(t, l.Tables(), 1); !table[up] || table[down] {
-		t.Fatalf("with no verdict the table holds %v: the last verdict (down) should hold", table)
+	if _, table := vipTable(t, l.Tables(), 1); !table[up] || !table[down] {
+		t.Fatalf("with no verdict the table holds %v: an UNKNOWN backend takes new flows", table)
+	}
+	verdicts = map[string]health.State{"a/10.9.1.2:80": health.Unhealthy}
+	if err := l.ApplyView(f, view); err != nil {
+		t.Fatal(err)
 	}
 	verdicts = map[string]health.State{"a/10.9.1.2:80": health.Healthy}
 	if err := l.ApplyView(f, view); err != nil {

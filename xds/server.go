@@ -106,6 +106,18 @@ func WithNodeIdentity() Option {
 	return func(s *Server) { s.requireIdentity = true }
 }
 
+// WithFirstVerdicts holds every snapshot until ready is closed (or the server's context
+// ends): a control plane that starts publishes its health view only once its checkers'
+// first probes have decided, so it never pushes the "unknown" of a checker that has not
+// probed yet, which every tier routes to, for a backend the fleet had down. Streams
+// admitted meanwhile are sent nothing: a node that had a config keeps it (Envoy, gRPC and
+// stickylb's nodes all keep their last resources while a stream has no answer), and a node
+// starting cold waits the hold, which is a probe's first delay plus its timeout. Sending
+// the config without health instead would publish exactly that "unknown".
+func WithFirstVerdicts(ready <-chan struct{}) Option {
+	return func(s *Server) { s.firstVerdicts = ready }
+}
+
 // Server serves one pools file to every node, per node locality.
 //
 // Locks: buildMu orders everything that builds snapshots (reloads, refreshes, the first
@@ -136,6 +148,10 @@ type Server struct {
 	// verdicts: when each backend's verdict last changed, published to XDP nodes.
 	verdicts verdictTimes
 	hooks    testHooks
+	// firstVerdicts, when set, is closed when the checkers' first verdicts are in
+	// (WithFirstVerdicts); holding is set until then, and no snapshot is served.
+	firstVerdicts <-chan struct{}
+	holding       atomic.Bool
 
 	buildMu sync.Mutex
 	// refreshQueued is set while a Refresh waits for buildMu.
@@ -166,6 +182,10 @@ func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Log
 		streams: map[int64]*stream{}, nodes: map[string]*nodeEntry{}}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.firstVerdicts != nil {
+		s.holding.Store(true)
+		go s.release(ctx)
 	}
 	s.orderedCache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
 	s.namedCache = cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
@@ -412,8 +432,36 @@ func (s *Server) admitLocked(st *stream, n *corev3.Node) (needsView bool, err er
 	return true, nil
 }
 
-// serveLocked sets snap for the stream, unless the stream rejected that version.
+// release ends the hold of WithFirstVerdicts: the current file is published with the
+// health view read now, to every stream admitted meanwhile.
+func (s *Server) release(ctx context.Context) {
+	select {
+	case <-s.firstVerdicts:
+	case <-ctx.Done():
+		return
+	}
+	s.lockBuild()
+	defer s.buildMu.Unlock()
+	s.mu.Lock()
+	// Views built during the hold (to validate reloads) read the health of unprobed
+	// targets: a stream admitted from here on must not be served one.
+	s.views = map[string]*cachev3.Snapshot{}
+	s.holding.Store(false)
+	f := s.file
+	s.mu.Unlock()
+	if err := s.publish(f); err != nil {
+		s.log.Error("publishing the first health view", zap.Error(err))
+		return
+	}
+	s.log.Info("first health verdicts in: serving", zap.Int("streams", s.Streams()))
+}
+
+// serveLocked sets snap for the stream, unless the stream rejected that version or the
+// server holds its first view (WithFirstVerdicts).
 func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
+	if s.holding.Load() {
+		return
+	}
 	if st.rejected == snap.GetVersion(resource.ClusterType) {
 		return
 	}
@@ -660,6 +708,9 @@ func (s *Server) Panicking() map[string]bool {
 // the waiting one will read the health view after them (a burst of transitions costs two
 // rebuilds, not one each).
 func (s *Server) Refresh() error {
+	if s.holding.Load() {
+		return nil // the release reads the health view after every transition of the hold
+	}
 	if !s.refreshQueued.CompareAndSwap(false, true) {
 		return nil
 	}

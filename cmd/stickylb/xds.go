@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/stickylb/stickylb/internal/certpool"
+	"github.com/stickylb/stickylb/internal/healthlog"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
@@ -85,19 +86,12 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		// refused) and their state is kept.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second}))
 	var s *xds.Server
-	faults := proberFaults{seen: map[string]bool{}}
+	hlog := healthlog.New(log)
+	services := pools.HealthServices(f.Services)
+	first := newFirstVerdicts(services)
 	mon := health.NewMonitor(func(service string, tr health.Transition) {
-		if tr.ProberFault {
-			// One line per cause, not one per backend: a prober out of descriptors
-			// would otherwise log the whole fleet.
-			if faults.first(tr.Reason) {
-				log.Warn("health probes cannot run for the prober's own reasons: the backends concerned are UNKNOWN (routable), never down",
-					zap.String("service", service), zap.String("cause", tr.Reason))
-			}
-		} else {
-			log.Info("backend health changed", zap.String("service", service), zap.String("backend", tr.ID),
-				zap.String("state", tr.To.String()), zap.String("reason", tr.Reason))
-		}
+		hlog.Transition(service, tr)
+		first.decided(service, tr.ID)
 		s.Stats.HealthTransitions.Add(1)
 		s.RecordTransition(service, tr)
 		if err := s.Refresh(); err != nil {
@@ -105,16 +99,19 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	defer mon.Stop()
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes)}
+	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready)}
 	if o.clientCA != "" {
 		// mTLS: a node id speaks only for the certificate that covers it.
 		xopts = append(xopts, xds.WithNodeIdentity())
 	}
 	s = xds.NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) }, log, xopts...)
-	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
+	if err := mon.Apply(ctx, services); err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return 1
 	}
+	// The probes have started: every target is decided within the longest bound.
+	stopHold := time.AfterFunc(first.bound, first.release)
+	defer stopHold.Stop()
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xds: listening for xDS: %v\n", err)
@@ -150,22 +147,50 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	return 0
 }
 
-// proberFaults remembers the prober-fault causes already logged.
-type proberFaults struct {
-	mu   sync.Mutex
-	seen map[string]bool
+// firstVerdictSlack is added to the health checks' first-verdict bound before the control
+// plane publishes without every first verdict: a probe's timer and the transition's
+// delivery run late on a loaded machine, and a target left unknown after it is published
+// unknown (routable).
+const firstVerdictSlack = 250 * time.Millisecond
+
+// firstVerdicts closes ready once every target checked at start has a verdict (its first
+// transition), or at bound: a target whose first probe hit a prober fault makes no
+// transition, and stays unknown.
+type firstVerdicts struct {
+	ready chan struct{}
+	bound time.Duration
+	once  sync.Once
+
+	mu      sync.Mutex
+	pending map[string]bool // service + "\x00" + target id
 }
 
-// first reports whether cause is logged for the first time.
-func (p *proberFaults) first(cause string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.seen[cause] {
-		return false
+func newFirstVerdicts(services []health.Service) *firstVerdicts {
+	w := &firstVerdicts{ready: make(chan struct{}), pending: map[string]bool{}}
+	for _, s := range services {
+		w.bound = max(w.bound, s.Config.FirstVerdictWithin()+firstVerdictSlack)
+		for _, t := range s.Targets {
+			w.pending[s.Name+"\x00"+t.ID] = true
+		}
 	}
-	p.seen[cause] = true
-	return true
+	if len(w.pending) == 0 {
+		w.release()
+	}
+	return w
 }
+
+// decided notes a transition of id; the last pending one releases.
+func (w *firstVerdicts) decided(service, id string) {
+	w.mu.Lock()
+	delete(w.pending, service+"\x00"+id)
+	n := len(w.pending)
+	w.mu.Unlock()
+	if n == 0 {
+		w.release()
+	}
+}
+
+func (w *firstVerdicts) release() { w.once.Do(func() { close(w.ready) }) }
 
 func serverTLS(o xdsOptions) (credentials.TransportCredentials, error) {
 	if o.tlsCert == "" || o.tlsKey == "" {

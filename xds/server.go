@@ -40,8 +40,9 @@ type Stats struct {
 	// Builds counts snapshot translations: one per view zone and version, shared by the
 	// zone's streams.
 	Builds atomic.Uint64
-	// UnknownZone counts streams admitted with a zone the pools file does not name: they
-	// get the cross-zone view.
+	// UnknownZone counts streams admitted with a zone the pools file does not name, of
+	// every node group: they get the cross-zone view (XDP and Caddy nodes, whose zone has
+	// no backend, spread over every zone).
 	UnknownZone atomic.Uint64
 	// Refused counts streams refused: over the node cap, or an identity that does not match.
 	Refused atomic.Uint64
@@ -421,7 +422,9 @@ func (s *Server) admitLocked(st *stream, n *corev3.Node) (needsView bool, err er
 	s.zones[st.node.Zone]++
 	s.peakZones = max(s.peakZones, len(s.zones))
 	st.view = viewKey(s.named, st.node)
-	if st.node.Group == GroupEnvoy && st.view != st.node.Zone {
+	if st.node.Zone != "" && !s.named[st.node.Zone] {
+		// Every group: an XDP or Caddy node shares its group's view and, finding no backend
+		// in its zone, spreads over every zone, as an Envoy node served the cross-zone view.
 		s.Stats.UnknownZone.Add(1)
 	}
 	s.viewers[st.view]++

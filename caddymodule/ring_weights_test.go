@@ -384,3 +384,48 @@ func TestWeightUnitFollowsTheService(t *testing.T) {
 		t.Fatalf("a unit change: %d builds, want 2", n)
 	}
 }
+
+// TestWeightChangesUnderConcurrentPicks: picks on several goroutines while the control
+// plane's weights change (run with -race) always return an upstream of the pool, and once
+// the changes stop every pick follows the last weights.
+func TestWeightChangesUnderConcurrentPicks(t *testing.T) {
+	t.Cleanup(func() { xdsTable.set(t.Name(), nil) })
+	pool := weightedPool(3)
+	p, err := newHashPicker(hashRing, 0, 0, 0, 160, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				if u := p.pick(freshPool(pool), chash.KeyHash(fmt.Sprint(g, "-", i)), tried{}); u == nil {
+					errs <- fmt.Errorf("goroutine %d: no pick", g)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 200 {
+		xdsTable.set(t.Name(), weightedView(uint32(1+i%3), 2, uint32(1+i%5)))
+	}
+	xdsTable.set(t.Name(), weightedView(3, 2, 5))
+	close(stop)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := chash.NewVirtualNodesRing(hostsOf(pool, 3, 2, 5), 160, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agreesWith(t, "the last weights, 3:2:5", p, pool, want)
+}

@@ -36,8 +36,9 @@ func init() {
 // backends of one service as the control plane (`stickylb xds`) publishes them, with its
 // health verdicts, so every Caddy node routes on the same view and runs no probes of its
 // own. Weights and drain states reach the stickylb policies by upstream identity
-// (weighted_least_conn weighs by them; a draining upstream gets no new session, while a
-// session pinned to it keeps it).
+// (weighted_least_conn and the keyed policies' hash tables weigh by them, so the tables are
+// Envoy's and gRPC's; a draining upstream gets no new session, while a session pinned to it
+// keeps it).
 //
 // Every source naming one control plane and node shares one ADS subscription, kept across
 // config reloads. The last view applied is saved in Caddy's data directory and served at

@@ -1,7 +1,9 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,11 +29,16 @@ const revalidateEvery = time.Second
 // upstreams eligible for new sessions — the set Envoy builds its tables over (healthy,
 // not draining) — so a Caddy node and an Envoy node with the same upstreams agree.
 //
+// Hosts weigh what the control plane gives them (a stickylb_xds source: the pools file's
+// weights, which the xDS tier gives Envoy and gRPC as endpoint weights), else 1 each (static
+// upstreams carry no weight). With virtual_nodes, the weight unit is the smallest weight of
+// the upstream's service in the pools file, as the xDS tier sizes its rings.
+//
 // The table is keyed by identity: it holds, for each of its hosts, the identity and the
 // position it had in the pool it was built from. A pick checks that one position of the
 // request's pool, so a dynamic pool naming the same upstreams in the same order (a fresh
 // slice of fresh *Upstream values per request) uses the table as a static pool does, and
-// a table is rebuilt only when the eligible identities change.
+// a table is rebuilt only when the eligible identities or their weights change.
 type hashPicker struct {
 	algo             string
 	tableSize        uint64
@@ -57,6 +64,12 @@ type hashSnap struct {
 	pos      []int32      // position of ids[i] in the pool the table was built from
 	index    map[string]int32
 	picker   chash.Walker
+	// weights is the control plane's table the snapshot was built against: a pick compares
+	// the pointer only; w and unit are what the build took from it, so a new table that
+	// leaves this pool's weights alone does not rebuild it.
+	weights *weightTable
+	w       []uint32 // weight of ids[i]
+	unit    uint32   // virtual-node weight unit
 }
 
 func newHashPicker(algo string, tableSize, minRing, maxRing, vnodes uint64, balance float64) (*hashPicker, error) {
@@ -180,14 +193,15 @@ func (p *hashPicker) first(s *hashSnap, pool reverseproxy.UpstreamPool, h uint64
 	}, total)
 }
 
-// snapshot returns the current table, rebuilding it when the pool's length or the drain
-// set changed or when the periodic eligibility check finds a difference.
+// snapshot returns the current table, rebuilding it when the pool's length, the drain
+// set or the control plane's weights changed or when the periodic eligibility check finds
+// a difference.
 func (p *hashPicker) snapshot(pool reverseproxy.UpstreamPool) *hashSnap {
 	if len(pool) == 0 {
 		return nil
 	}
 	s := p.cur.Load()
-	if s == nil || s.n != len(pool) || s.drainGen != drains.generation() {
+	if s == nil || s.n != len(pool) || s.drainGen != drains.generation() || s.weights != xdsTable.current() {
 		return p.rebuild(pool, s)
 	}
 	now := p.now().UnixNano()
@@ -226,16 +240,26 @@ func sameEligible(pool reverseproxy.UpstreamPool, s *hashSnap) bool {
 // rebuild builds a table over the eligible upstreams of pool, unless another goroutine
 // already replaced old with one that fits. With no eligible upstream the snapshot has no
 // picker (and is kept until one turns eligible, so an outage does not rebuild on every
-// request).
+// request). A new weight table that gives the current hosts the weights and unit they
+// have is only recorded, without a build.
 func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *hashSnap {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cur := p.cur.Load(); cur != old && cur != nil && cur.n == len(pool) &&
-		cur.drainGen == drains.generation() && sameEligible(pool, cur) {
+	wt := xdsTable.current()
+	cur := p.cur.Load()
+	fits := cur != nil && cur.n == len(pool) && cur.drainGen == drains.generation() && sameEligible(pool, cur)
+	if fits && cur != old && cur.weights == wt {
 		return cur
 	}
+	if fits && cur.weights != wt && cur.sameWeights(wt) {
+		s := &hashSnap{n: cur.n, drainGen: cur.drainGen, ids: cur.ids, pos: cur.pos, index: cur.index,
+			picker: cur.picker, weights: wt, w: cur.w, unit: cur.unit}
+		s.checked.Store(p.now().UnixNano())
+		p.cur.Store(s)
+		return s
+	}
 	gen := drains.generation()
-	s := &hashSnap{n: len(pool), drainGen: gen, index: make(map[string]int32, len(pool))}
+	s := &hashSnap{n: len(pool), drainGen: gen, index: make(map[string]int32, len(pool)), weights: wt}
 	for j, u := range pool {
 		if u == nil || !usableForNew(u) {
 			continue
@@ -253,21 +277,23 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 		p.cur.Store(s)
 		return s
 	}
+	s.w, s.unit = s.weighOn(wt)
 	hosts := make([]chash.Host, len(s.ids))
 	for i, id := range s.ids {
-		hosts[i] = chash.Host{ID: id, Weight: 1}
+		hosts[i] = chash.Host{ID: id, Weight: s.w[i]}
 	}
 	var err error
 	switch p.algo {
 	case hashRing:
 		switch {
-		case p.vnodes != 0 && p.vnodes*uint64(len(hosts)) <= chash.MaxRingSize:
-			// Upstreams weigh 1 each, so every one gets vnodes points: the ring the xDS
-			// server's sizes give Envoy and gRPC over the same healthy backends.
-			s.picker, err = chash.NewVirtualNodesRing(hosts, p.vnodes, 1)
 		case p.vnodes != 0:
-			// Past Envoy's largest ring (which a pools file refuses): the largest ring.
-			s.picker, err = chash.NewRing(hosts, chash.MaxRingSize, chash.MaxRingSize)
+			// vnodes points per unit of weight: the ring the xDS server's sizes give Envoy
+			// and gRPC over the same healthy backends.
+			s.picker, err = chash.NewVirtualNodesRing(hosts, p.vnodes, s.unit)
+			if errors.Is(err, chash.ErrVirtualNodes) {
+				// Past Envoy's largest ring (which a pools file refuses): the largest ring.
+				s.picker, err = chash.NewRing(hosts, chash.MaxRingSize, chash.MaxRingSize)
+			}
 		default:
 			s.picker, err = chash.NewRing(hosts, p.minRing, p.maxRing)
 		}
@@ -279,14 +305,41 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 		s.picker, err = chash.NewMaglev(hosts, size)
 	}
 	if err != nil {
-		// Hosts are deduplicated and weighted 1 and sizes were validated at provision,
-		// so this cannot happen; keep the previous table rather than fail requests.
+		// Hosts are deduplicated, weigh at least 1 (a weight sum past uint32, which Envoy
+		// refuses too, is the only way here) and sizes were validated at provision; keep
+		// the previous table rather than fail requests.
 		return old
 	}
 	s.checked.Store(p.now().UnixNano())
 	p.cur.Store(s)
 	p.rebuilds.Add(1)
 	return s
+}
+
+// weighOn returns the weights of the snapshot's hosts in wt and their virtual-node unit:
+// an upstream the control plane names weighs its weight, in units of its service's
+// smallest weight; any other weighs 1 in units of 1 (so equal weights with static upstreams).
+func (s *hashSnap) weighOn(wt *weightTable) ([]uint32, uint32) {
+	ws := make([]uint32, len(s.ids))
+	unit := uint32(0)
+	for i, id := range s.ids {
+		w, u, ok := wt.lookup(id)
+		if !ok {
+			w, u = 1, 1
+		}
+		ws[i] = w
+		if unit == 0 || u < unit {
+			unit = u
+		}
+	}
+	return ws, unit
+}
+
+// sameWeights reports whether wt gives the snapshot's hosts the weights and unit it was
+// built with.
+func (s *hashSnap) sameWeights(wt *weightTable) bool {
+	ws, unit := s.weighOn(wt)
+	return unit == s.unit && slices.Equal(ws, s.w)
 }
 
 func nextPrime(n uint64) uint64 {

@@ -44,9 +44,11 @@ type KeyedOptions struct {
 	// MinRingSize and MaxRingSize size the ring (as Envoy and gRPC). Default 1024 and 4096.
 	MinRingSize uint64 `json:"min_ring_size,omitempty"`
 	MaxRingSize uint64 `json:"max_ring_size,omitempty"`
-	// VirtualNodes gives every upstream this many ring points (hash ring only; exclusive with
-	// MinRingSize and MaxRingSize): the ring then grows with the upstreams, so adding or losing
-	// one moves only its own keys. The pools file's hash.virtual_nodes, on the same ring.
+	// VirtualNodes gives every upstream this many ring points per unit of weight (hash ring
+	// only; exclusive with MinRingSize and MaxRingSize): the ring then grows with the
+	// upstreams, so adding or losing one moves only its own keys. Static upstreams weigh 1;
+	// a stickylb_xds source's weigh the pools file's weights in units of its service's
+	// smallest weight. The pools file's hash.virtual_nodes, on the same ring.
 	VirtualNodes uint64 `json:"virtual_nodes,omitempty"`
 	// BoundedLoad turns on Envoy's bounded load (hash_balance_factor, as a factor: 1.25
 	// is Envoy's 125): a key whose hashed upstream has more than its share of in-flight

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,8 +36,9 @@ func init() {
 // backends of one service as the control plane (`stickylb xds`) publishes them, with its
 // health verdicts, so every Caddy node routes on the same view and runs no probes of its
 // own. Weights and drain states reach the stickylb policies by upstream identity
-// (weighted_least_conn weighs by them; a draining upstream gets no new session, while a
-// session pinned to it keeps it).
+// (weighted_least_conn and the keyed policies' hash tables weigh by them, so the tables are
+// Envoy's and gRPC's; a draining upstream gets no new session, while a session pinned to it
+// keeps it).
 //
 // Every source naming one control plane and node shares one ADS subscription, kept across
 // config reloads. The last view applied is saved in Caddy's data directory and served at
@@ -450,16 +452,29 @@ var xdsTable = newSourceTable()
 type sourceTable struct {
 	mu    sync.Mutex
 	views map[string]*xdsView
-	// weights is the merged weight table (identity -> weight), nil when empty.
-	weights atomic.Pointer[map[string]float64]
+	// weights is the merged weight table, nil when no view names an upstream. A new value
+	// is stored only when the weights or units change, so a hash table built over it stays
+	// current while its pointer does (one atomic load per pick).
+	weights atomic.Pointer[weightTable]
+}
+
+// weightTable is the control plane's weights by upstream identity, immutable once published.
+type weightTable struct {
+	weight map[string]uint32
+	// unit is the weight unit of hash virtual_nodes for the identity: the smallest weight
+	// among its service's backends in the pools file (unhealthy and draining ones included),
+	// as the xDS tier sizes Envoy's and gRPC's rings with it, so a backend keeps its points
+	// when the lightest one turns unhealthy.
+	unit map[string]uint32
 }
 
 func newSourceTable() *sourceTable { return &sourceTable{views: map[string]*xdsView{}} }
 
 // set replaces the view of subscription key (nil removes it) and republishes the merged
 // weights and drain states. The policies know an upstream by address only, so one named by
-// several services or views is drained if any of them drains it and weighs the largest
-// weight any of them gives (either choice is deterministic; map order is not).
+// several services or views is drained if any of them drains it, weighs the largest
+// weight any of them gives and takes the smallest unit (a unit is then never above the
+// weight; every choice is deterministic, map order is not).
 func (t *sourceTable) set(key string, v *xdsView) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -468,37 +483,69 @@ func (t *sourceTable) set(key string, v *xdsView) {
 	} else {
 		t.views[key] = v
 	}
-	weights := map[string]float64{}
+	wt := &weightTable{weight: map[string]uint32{}, unit: map[string]uint32{}}
 	drained := map[string]bool{}
 	for _, v := range t.views {
 		for _, s := range v.Services {
+			unit := s.minWeight()
 			for _, b := range s.Backends {
-				weights[b.Dial] = max(weights[b.Dial], float64(b.Weight))
+				if b.Weight == 0 {
+					continue // a view decodes 0 as the default; a saved one may not
+				}
+				wt.weight[b.Dial] = max(wt.weight[b.Dial], b.Weight)
+				if u, ok := wt.unit[b.Dial]; !ok || unit < u {
+					wt.unit[b.Dial] = unit
+				}
 				if b.Drain {
 					drained[b.Dial] = true
 				}
 			}
 		}
 	}
-	if len(weights) == 0 {
+	switch old := t.weights.Load(); {
+	case len(wt.weight) == 0:
 		t.weights.Store(nil)
-	} else {
-		t.weights.Store(&weights)
+	case old == nil || !maps.Equal(old.weight, wt.weight) || !maps.Equal(old.unit, wt.unit):
+		t.weights.Store(wt)
 	}
 	drains.setSource(drained)
 }
 
+// minWeight is the smallest weight among the service's backends (0 when none has one): the
+// pools file's, since the view lists every backend of the file whatever its health.
+func (s *xdsService) minWeight() uint32 {
+	var least uint32
+	for _, b := range s.Backends {
+		if b.Weight != 0 && (least == 0 || b.Weight < least) {
+			least = b.Weight
+		}
+	}
+	return least
+}
+
 // weight is the control plane's weight of the upstream with identity id.
 func (t *sourceTable) weight(id string) (float64, bool) {
-	m := t.weights.Load()
-	if m == nil {
-		return 0, false
-	}
-	w, ok := (*m)[id]
-	return w, ok && w > 0
+	w, _, ok := t.weights.Load().lookup(id)
+	return float64(w), ok
 }
 
 func (t *sourceTable) hasWeights() bool { return t.weights.Load() != nil }
+
+// current is the weight table now published (nil: none).
+func (t *sourceTable) current() *weightTable { return t.weights.Load() }
+
+// lookup returns the weight and the virtual-node unit of identity id, ok false when the
+// control plane does not name it (or wt is nil).
+func (wt *weightTable) lookup(id string) (weight, unit uint32, ok bool) {
+	if wt == nil {
+		return 0, 0, false
+	}
+	w, ok := wt.weight[id]
+	if !ok {
+		return 0, 0, false
+	}
+	return w, wt.unit[id], true
+}
 
 // Interface guards
 var (

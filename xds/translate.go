@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	xdscorev3 "github.com/cncf/xds/go/xds/core/v3"
@@ -261,7 +262,13 @@ func InPanic(s *pools.Service, view HealthView) bool {
 	return some
 }
 
+// loadAssignment is the service's endpoints as node sees them: one locality per zone and
+// priority, or per priority for hash services (onePerPriority).
 func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.ClusterLoadAssignment {
+	return assignment(s, node, view, hashes(s))
+}
+
+func assignment(s *pools.Service, node Node, view HealthView, merge bool) *endpointv3.ClusterLoadAssignment {
 	panicking := InPanic(s, view)
 	byID := map[string]*pools.Backend{}
 	bs := make([]zones.Backend, 0, len(s.Backends))
@@ -273,7 +280,11 @@ func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.Cl
 		ClusterName: s.Name,
 		Policy:      &endpointv3.ClusterLoadAssignment_Policy{OverprovisioningFactor: wrapperspb.UInt32(OverprovisioningFactor)},
 	}
-	for _, l := range zones.Localities(node.Zone, bs, zones.Policy{CrossZone: s.CrossZone, DrainedZones: s.DrainedZones}) {
+	ls := zones.Localities(node.Zone, bs, zones.Policy{CrossZone: s.CrossZone, DrainedZones: s.DrainedZones})
+	if merge {
+		ls = onePerPriority(ls)
+	}
+	for _, l := range ls {
 		le := &endpointv3.LocalityLbEndpoints{
 			Locality:            &corev3.Locality{Zone: l.Zone},
 			Priority:            l.Priority,
@@ -309,6 +320,45 @@ func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.Cl
 		cla.Endpoints = append(cla.Endpoints, le)
 	}
 	return cla
+}
+
+// hashes reports whether s places keys on a hash table (ring_hash, maglev and its ring
+// fallback), where every tier must weigh hosts alike.
+func hashes(s *pools.Service) bool {
+	return s.Balance == pools.BalanceRingHash || s.Balance == pools.BalanceMaglev
+}
+
+// onePerPriority merges the zones of each priority into one locality, for hash services.
+//
+// Envoy builds a priority's ring or Maglev table from its endpoints' weights alone (locality
+// weights count only with locality_weighted_lb_config, which we never set), as Caddy and
+// XDP do. grpc-go multiplies them with the locality weights: L x w with
+// GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false, fixed-point w/S x L/sum(L) by default (S
+// the locality's endpoint weights, unhealthy ones included, rounded twice). With a single
+// locality the locality factor is common to every endpoint, so both grpc-go modes are
+// proportional to w as Envoy is, and the default rounds once. Endpoints are sorted by
+// identity over the whole priority: Envoy walks them in EDS order, and the order decides
+// which host gets a ring's fractional leftovers. The locality keeps its zone when the
+// priority has one, else it is named after its zones joined by '+' (no zone name has one),
+// so no two priorities share a locality.
+func onePerPriority(ls []zones.Locality) []zones.Locality {
+	var out []zones.Locality
+	for _, l := range ls { // ordered by priority
+		n := len(out)
+		if n == 0 || out[n-1].Priority != l.Priority {
+			l.Endpoints = slices.Clone(l.Endpoints)
+			out = append(out, l)
+			continue
+		}
+		m := &out[n-1]
+		m.Zone += "+" + l.Zone
+		m.Weight += l.Weight
+		m.Endpoints = append(m.Endpoints, l.Endpoints...)
+	}
+	for i := range out {
+		slices.SortFunc(out[i].Endpoints, func(a, b zones.Endpoint) int { return strings.Compare(a.ID, b.ID) })
+	}
+	return out
 }
 
 // hashPolicies maps the service's affinity to route hash policies (keyed modes).

@@ -103,7 +103,7 @@ func plainRequests(mod func(i int, r *http.Request)) []benchReq {
 }
 
 // cookieRequests returns 256 requests, each carrying the cookie sel set on a first visit.
-func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.UpstreamPool, name string) []benchReq {
+func cookieRequests(b testing.TB, sel reverseproxy.Selector, pool reverseproxy.UpstreamPool, name string) []benchReq {
 	return plainRequests(func(i int, r *http.Request) {
 		w := httptest.NewRecorder()
 		sel.Select(pool, request("/"), w)
@@ -117,7 +117,7 @@ func cookieRequests(b *testing.B, sel reverseproxy.Selector, pool reverseproxy.U
 
 // appCookieRequests returns 256 requests carrying an app_cookie value the upstream set
 // (through the policy's rewrite in prefix mode, learned in learn mode).
-func appCookieRequests(b *testing.B, a *AppCookie, pool reverseproxy.UpstreamPool) []benchReq {
+func appCookieRequests(b testing.TB, a *AppCookie, pool reverseproxy.UpstreamPool) []benchReq {
 	return plainRequests(func(i int, r *http.Request) {
 		first, hk := hookedRequest("")
 		a.Select(pool, first, httptest.NewRecorder())

@@ -91,7 +91,9 @@ func TestHitPathAllocatesNothingOfOurs(t *testing.T) {
 			r.RequestURI = "/app?" + r.URL.RawQuery
 		})
 	}
-	plainReqs := func(testing.TB, reverseproxy.Selector, reverseproxy.UpstreamPool) []benchReq { return plainRequests(nil) }
+	plainReqs := func(testing.TB, reverseproxy.Selector, reverseproxy.UpstreamPool) []benchReq {
+		return plainRequests(nil)
+	}
 	cases := []struct {
 		name string
 		sel  func(t *testing.T) provisionedSelector

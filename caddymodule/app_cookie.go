@@ -51,6 +51,11 @@ type AppCookie struct {
 	Mode string `json:"mode,omitempty"`
 	// SecretOptions seal the prefix (prefix mode).
 	SecretOptions
+	// KeepCacheControl (prefix mode) leaves Cache-Control as the upstream sent it on
+	// responses whose Set-Cookie the LB prefixed. By default such a response is made
+	// private as sticky_cookie's are (see StickyCookie.KeepCacheControl): it carries a
+	// cookie of the LB's, which a shared cache must not hand to other clients.
+	KeepCacheControl bool `json:"keep_cache_control,omitempty"`
 	KeyedOptions
 
 	codec  *cookie.Codec
@@ -109,6 +114,9 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 	case appModeLearn:
 		if len(a.Secrets) > 0 || a.SecretFile != "" || a.InsecureDemoSecret {
 			return fmt.Errorf("app_cookie %s: secret applies to prefix mode only", a.Name)
+		}
+		if a.KeepCacheControl {
+			return fmt.Errorf("app_cookie %s: keep_cache_control applies to prefix mode only (learn mode sets no cookie of its own)", a.Name)
 		}
 		if a.NoTable {
 			return fmt.Errorf("app_cookie %s: learn mode needs its table (no_table applies to other policies)", a.Name)
@@ -245,6 +253,7 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 	}
 	served := t.last() // the last attempt is the one that answered
 	lines := h["Set-Cookie"]
+	prefixed := false // the response now sets a cookie of the LB's
 	for i, line := range lines {
 		if setCookieName(line) != a.Name {
 			continue
@@ -277,7 +286,11 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 				continue
 			}
 			lines[i] = a.Name + "=" + prefix + string(prefixSep) + value + rest
+			prefixed = true
 		}
+	}
+	if prefixed && !a.KeepCacheControl {
+		makePrivate(h)
 	}
 }
 

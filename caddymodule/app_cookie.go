@@ -51,6 +51,11 @@ type AppCookie struct {
 	Mode string `json:"mode,omitempty"`
 	// SecretOptions seal the prefix (prefix mode).
 	SecretOptions
+	// KeepCacheControl (prefix mode) leaves Cache-Control as the upstream sent it on
+	// responses whose Set-Cookie the LB prefixed. By default such a response is made
+	// private as sticky_cookie's are (see StickyCookie.KeepCacheControl): it carries a
+	// cookie of the LB's, which a shared cache must not hand to other clients.
+	KeepCacheControl bool `json:"keep_cache_control,omitempty"`
 	KeyedOptions
 
 	codec  *cookie.Codec
@@ -110,6 +115,9 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 		if len(a.Secrets) > 0 || a.SecretFile != "" || a.InsecureDemoSecret {
 			return fmt.Errorf("app_cookie %s: secret applies to prefix mode only", a.Name)
 		}
+		if a.KeepCacheControl {
+			return fmt.Errorf("app_cookie %s: keep_cache_control applies to prefix mode only (learn mode sets no cookie of its own)", a.Name)
+		}
 		if a.NoTable {
 			return fmt.Errorf("app_cookie %s: learn mode needs its table (no_table applies to other policies)", a.Name)
 		}
@@ -128,14 +136,6 @@ func (a *AppCookie) Validate() error { return a.KeyedOptions.validate("app_cooki
 
 // Cleanup releases shared state.
 func (a *AppCookie) Cleanup() error { a.core.cleanup(); return nil }
-
-// appPin is what Select learned from the request's cookie, kept in the request's vars
-// because retries call Select again after the cookie was rewritten.
-type appPin struct {
-	id     string // identity from the prefix; "" when there was none or it did not open
-	reason string // why the prefix did not yield a pin
-	value  string // the application's own value
-}
 
 // Select routes by the cookie (prefix or learned value) and asks the handler to rewrite
 // or learn the response's Set-Cookie.
@@ -156,36 +156,43 @@ func (a *AppCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 	return a.selectPrefix(pool, r, w)
 }
 
+// selectPrefix routes by the sealed prefix of the request's cookie. The first attempt
+// strips the prefix from the request (the upstream sees its own value), so what the prefix
+// held is kept in the request's vars for retries: the open cache's entry, a pointer, so
+// keeping it allocates nothing on the hit path; or, when the prefix yielded no pin, the
+// reason (a re-pin on every attempt). A cookie without a prefix is read again by a retry.
 func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	pin, _ := caddyhttp.GetVar(r.Context(), a.varKey).(*appPin)
-	if pin == nil {
+	var pin *openedValue
+	switch kept := caddyhttp.GetVar(r.Context(), a.varKey).(type) {
+	case *openedValue:
+		pin = kept
+	case string:
+		return a.pickNew(pool, r, w, kept)
+	default:
 		v, ok := requestCookie(r.Header, a.Name)
 		if !ok {
 			return a.pickNew(pool, r, w, "")
 		}
-		pin = &appPin{value: v}
-		if i := strings.IndexByte(v, prefixSep); i >= 0 {
-			pin.value = v[i+1:]
-			// The application must see its own value, whatever happens to the prefix.
-			replaceRequestCookie(r.Header, a.Name, pin.value)
-			id, err := a.openPrefix(v[:i], a.now())
-			switch {
-			case err == nil:
-				pin.id = id
-			case errors.Is(err, cookie.ErrExpired):
-				pin.reason = reasonExpired
-				a.core.stats.reject(cookie.Reason(err))
-			default:
-				pin.reason = reasonInvalid
-				a.core.stats.reject(cookie.Reason(err))
-			}
+		i := strings.IndexByte(v, prefixSep)
+		if i < 0 {
+			return a.pickNew(pool, r, w, "")
 		}
-		caddyhttp.SetVar(r.Context(), a.varKey, pin)
+		// The application must see its own value, whatever happens to the prefix.
+		replaceRequestCookie(r.Header, a.Name, v[i+1:])
+		e, err := a.openPrefix(v[:i], a.now())
+		if err != nil {
+			reason := reasonInvalid
+			if errors.Is(err, cookie.ErrExpired) {
+				reason = reasonExpired
+			}
+			a.core.stats.reject(cookie.Reason(err))
+			caddyhttp.SetVar(r.Context(), a.varKey, reason)
+			return a.pickNew(pool, r, w, reason)
+		}
+		caddyhttp.SetVar(r.Context(), a.varKey, e)
+		pin = e
 	}
-	if pin.id == "" {
-		return a.pickNew(pool, r, w, pin.reason)
-	}
-	u, reason := checkPin(&a.core.index, pool, pin.id, triedFor(r))
+	u, reason := checkPin(&a.core.index, pool, pin.backend, triedFor(r))
 	if u == nil {
 		return a.pickNew(pool, r, w, reason)
 	}
@@ -194,21 +201,20 @@ func (a *AppCookie) selectPrefix(pool reverseproxy.UpstreamPool, r *http.Request
 	return u
 }
 
-// openPrefix returns the identity a prefix seals, from the cache when it opened before
-// (see openCache; the expiry is checked on every request).
-func (a *AppCookie) openPrefix(prefix string, now time.Time) (string, error) {
+// openPrefix returns what a prefix seals, from the cache when it opened before (see
+// openCache; the expiry is checked on every request).
+func (a *AppCookie) openPrefix(prefix string, now time.Time) (*openedValue, error) {
 	if e := a.opened.get(prefix); e != nil {
 		if !now.Before(e.expires) {
-			return "", fmt.Errorf("%w at %s", cookie.ErrExpired, e.expires.UTC().Format(time.RFC3339))
+			return nil, fmt.Errorf("%w at %s", cookie.ErrExpired, e.expires.UTC().Format(time.RFC3339))
 		}
-		return e.backend, nil
+		return e, nil
 	}
 	p, err := a.codec.Open(prefix, a.context, now)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	a.opened.put(prefix, p.Backend, p.Expires)
-	return p.Backend, nil
+	return a.opened.put(prefix, p.Backend, p.Expires), nil
 }
 
 // pickNew starts a session on a fallback pick; the upstream's Set-Cookie will carry it.
@@ -247,6 +253,7 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 	}
 	served := t.last() // the last attempt is the one that answered
 	lines := h["Set-Cookie"]
+	prefixed := false // the response now sets a cookie of the LB's
 	for i, line := range lines {
 		if setCookieName(line) != a.Name {
 			continue
@@ -279,7 +286,11 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 				continue
 			}
 			lines[i] = a.Name + "=" + prefix + string(prefixSep) + value + rest
+			prefixed = true
 		}
+	}
+	if prefixed && !a.KeepCacheControl {
+		makePrivate(h)
 	}
 }
 

@@ -271,6 +271,7 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    secret        <secret> [<older>...]   # prefix mode: secret, secret_file or
 //	    secret_file   <path>                  # insecure_demo_secret, as sticky_cookie
 //	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix (default 30m)
+//	    keep_cache_control             # prefix mode; default: responses whose cookie is prefixed are private
 //	    max_sessions  <n>              # learn mode
 //	    table         <name>           # learn mode: share a table between handlers
 //	    hash          maglev|ring      # learn mode: for values not in the table
@@ -306,6 +307,11 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := secretOption(d, &a.SecretOptions); err != nil {
 				return err
 			}
+		case "keep_cache_control":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.KeepCacheControl = true
 		default:
 			handled, err := keyedOption(d, &a.KeyedOptions)
 			if err != nil {

@@ -191,16 +191,30 @@ func validateCaddyfile(t *testing.T, src string) error {
 	return caddy.Validate(&cfg)
 }
 
-// TestSharedTableNeedsOneSetting: handlers naming one table must agree on ttl and bound.
+// TestSharedTableNeedsOneSetting: handlers naming one table must agree on ttl and bound
+// (max_sessions); either conflict fails the config.
 func TestSharedTableNeedsOneSetting(t *testing.T) {
-	site := func(port int, ttl string) string {
-		return fmt.Sprintf(":%d {\n\treverse_proxy 127.0.0.1:9001 {\n\t\tlb_policy sticky_header X-S {\n\t\t\ttable shared\n\t\t\tttl %s\n\t\t}\n\t}\n}\n", port, ttl)
-	}
-	if err := validateCaddyfile(t, site(18081, "10m")+site(18082, "10m")); err != nil {
-		t.Fatalf("one table, one ttl: %v", err)
-	}
-	err := validateCaddyfile(t, site(18081, "10m")+site(18082, "20m"))
-	if err == nil || !strings.Contains(err.Error(), "different settings") {
-		t.Fatalf("one table, two ttls: %v", err)
+	for _, policy := range []struct{ head, extra string }{
+		{"sticky_header X-S", ""},
+		{"app_cookie JSESSIONID", "\t\t\tmode learn\n"},
+	} {
+		t.Run(strings.Fields(policy.head)[0], func(t *testing.T) {
+			site := func(port int, ttl string, bound int) string {
+				return fmt.Sprintf(":%d {\n\tstickylb\n\treverse_proxy 127.0.0.1:9001 {\n\t\tlb_policy %s {\n%s\t\t\ttable shared\n\t\t\tttl %s\n\t\t\tmax_sessions %d\n\t\t}\n\t}\n}\n",
+					port, policy.head, policy.extra, ttl, bound)
+			}
+			if err := validateCaddyfile(t, site(18081, "10m", 5000)+site(18082, "10m", 5000)); err != nil {
+				t.Fatalf("one table, one ttl and bound: %v", err)
+			}
+			for what, cfg := range map[string]string{
+				"two ttls":   site(18081, "10m", 5000) + site(18082, "20m", 5000),
+				"two bounds": site(18081, "10m", 5000) + site(18082, "10m", 9000),
+			} {
+				err := validateCaddyfile(t, cfg)
+				if err == nil || !strings.Contains(err.Error(), "different settings") {
+					t.Errorf("one table, %s: %v", what, err)
+				}
+			}
+		})
 	}
 }

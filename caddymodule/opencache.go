@@ -46,8 +46,11 @@ func (c *openCache) get(v string) *openedValue {
 	return nil
 }
 
-// put remembers that v opened to backend and expires. The value is copied: it is usually a
-// slice of the request's Cookie header, which the cache must not keep alive.
-func (c *openCache) put(v, backend string, expires time.Time) {
-	c.slot(v).Store(&openedValue{value: strings.Clone(v), backend: strings.Clone(backend), expires: expires})
+// put remembers that v opened to backend and expires, and returns the entry. The value is
+// copied: it is usually a slice of the request's Cookie header, which the cache must not
+// keep alive.
+func (c *openCache) put(v, backend string, expires time.Time) *openedValue {
+	e := &openedValue{value: strings.Clone(v), backend: strings.Clone(backend), expires: expires}
+	c.slot(v).Store(e)
+	return e
 }

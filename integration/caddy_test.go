@@ -753,3 +753,70 @@ func TestCaddyStickyCookieResponsesArePrivate(t *testing.T) {
 		}
 	}
 }
+
+// TestCaddyAppCookiePrefixResponsesArePrivate: through a real Caddy, a response whose
+// Set-Cookie app_cookie prefixed (a cookie of the LB's) says Cache-Control: private without
+// the upstream's public and s-maxage; a response that sets no cookie keeps the upstream's.
+func TestCaddyAppCookiePrefixResponsesArePrivate(t *testing.T) {
+	bs := startBackends(t, 2)
+	base := serve(t, bs, "\t\tlb_policy app_cookie JSESSIONID {\n secret "+secret+"\n }\n\t\theader_down Cache-Control \"public, max-age=60, s-maxage=600\"")
+	c := newClient(t, "")
+	for i, step := range []struct{ path, want string }{
+		{"/login", "private, max-age=60"},
+		{"/", "public, max-age=60, s-maxage=600"},
+		{"/login", "private, max-age=60"},
+	} {
+		resp, err := c.Get(base + step.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		sc := resp.Header.Get("Set-Cookie")
+		if step.path == "/login" && !strings.Contains(sc, "~backend-") {
+			t.Fatalf("request %d: Set-Cookie %q, want the upstream's cookie behind a sealed prefix", i, sc)
+		}
+		if got := strings.Join(resp.Header.Values("Cache-Control"), ", "); got != step.want {
+			t.Fatalf("request %d %s (Set-Cookie %q): Cache-Control %q, want %q", i, step.path, sc, got, step.want)
+		}
+	}
+}
+
+// TestCaddyStickyCookieWithoutHandlerIsPrivate: without the stickylb handler in the route a
+// selection policy writes its headers before Caddy adds the upstream's, and sees nothing
+// after: the response that sets the cookie says private first, the upstream's public and
+// s-maxage after it (a shared cache must not store a response marked private, whatever
+// else it says: RFC 9111, section 3). xcaddy.md states this.
+func TestCaddyStickyCookieWithoutHandlerIsPrivate(t *testing.T) {
+	bs := startBackends(t, 2)
+	port := freePort(t)
+	cfg := fmt.Sprintf(`{
+	admin localhost:2999
+	auto_https off
+	skip_install_trust
+	http_port %d
+}
+:%d {
+	reverse_proxy %s {
+		lb_policy sticky_cookie {
+			secret %s
+		}
+		header_down Cache-Control "public, max-age=60, s-maxage=600"
+	}
+}
+`, port, port, addrs(bs), secret)
+	caddytest.NewTester(t).InitServer(cfg, "caddyfile")
+	waitPort(t, fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second)
+	resp, err := newClient(t, "").Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get("Set-Cookie") == "" {
+		t.Fatal("no cookie set")
+	}
+	if got := resp.Header.Values("Cache-Control"); len(got) != 2 || got[0] != "private" || got[1] != "public, max-age=60, s-maxage=600" {
+		t.Fatalf("Cache-Control %q, want private first, then the upstream's", got)
+	}
+}

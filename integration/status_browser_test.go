@@ -417,9 +417,12 @@ func screenshotStatus(t *testing.T, ctx context.Context, out string) {
 }
 
 // bigSnapshot is a model of one service with n backends in four zones; gen flips the
-// health of a few backends, so each refresh has state changes to mark.
+// health of a few backends, so each refresh has state changes to mark, and every backend is
+// probed every 2 s at a phase of its own, so most rows' "last check" moves on each refresh
+// (the worst case of the xds and xdp tiers, which know when they probed).
 func bigSnapshot(n, gen int) *status.Snapshot {
 	now := time.Now().UTC()
+	const probeEvery = 2 * time.Second
 	svc := status.Service{Name: ":8080", Listen: []string{":8080"}, Policy: "sticky_url", Balance: "weighted_least_conn",
 		Affinity:    status.Affinity{Mode: "url", Scope: "sticky_url:sid", TTL: "30m0s"},
 		HealthCheck: status.HealthCheck{Active: true, Target: "/healthz", Interval: "2s", Timeout: "1s", Fails: 1, Passes: 1, Bound: "3s"},
@@ -445,6 +448,8 @@ func bigSnapshot(n, gen int) *status.Snapshot {
 			b.DrainedSince = status.Ptr(now.Add(-time.Minute))
 		}
 		b.InFlight = status.Ptr(int64(i % 7))
+		phase := time.Duration(i) * probeEvery / time.Duration(n)
+		b.Health.LastCheck = status.Ptr(now.Add(-phase).Truncate(probeEvery).Add(phase))
 		svc.Backends = append(svc.Backends, b)
 	}
 	svc.Finish("requests fail")

@@ -3,13 +3,14 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/stickylb/stickylb/policies/status"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 func init() {
@@ -26,6 +27,12 @@ func init() {
 //	POST   /stickylb/upstreams/ADDR/drain       no new sessions for ADDR; pinned ones stay
 //	                                            (header X-Stickylb-Csrf: 1, as every POST)
 //	POST   /stickylb/upstreams/ADDR/undrain
+//
+// ADDR must be a dial address (HOST:PORT with one port, or a unix socket): anything else
+// answers 400. An address no static upstream of the running config has is drained all the
+// same, and the answer says so ("in_config": false): dynamic upstreams (dynamic
+// stickylb_xds, Caddy's srv or a) are not in the config, and draining an upstream before a
+// reload adds it keeps new sessions off it from its first request.
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -161,17 +168,23 @@ func handleUpstreams(w http.ResponseWriter, r *http.Request) error {
 	if err := status.CheckStateChange(r); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusForbidden, Err: err}
 	}
-	var changed bool
-	switch action {
-	case "drain":
-		changed = drains.drain(addr, time.Now())
-	case "undrain":
-		changed = drains.undrain(addr)
-	default:
+	if action != "drain" && action != "undrain" {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown action %q: want drain or undrain", action)}
 	}
-	caddy.Log().Named("stickylb").Info("upstream "+action, zap.String("upstream", addr), zap.Bool("changed", changed))
-	return writeJSON(w, map[string]any{"upstream": addr, "drained": action == "drain", "changed": changed})
+	// A drained entry that is not an address (drained before addresses were checked) can
+	// still be undrained.
+	if err := checkUpstreamAddress(addr); err != nil && (action == "drain" || !drains.drained(addr)) {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %w", action, err)}
+	}
+	var changed bool
+	if action == "drain" {
+		changed = drains.drain(addr, time.Now())
+	} else {
+		changed = drains.undrain(addr)
+	}
+	inConfig := knownUpstream(caddy.ActiveContext(), addr)
+	caddy.Log().Named("stickylb").Info("upstream "+action, zap.String("upstream", addr), zap.Bool("changed", changed), zap.Bool("in_config", inConfig))
+	return writeJSON(w, map[string]any{"upstream": addr, "drained": action == "drain", "changed": changed, "in_config": inConfig})
 }
 
 // Interface guards

@@ -256,6 +256,18 @@ func TestStatusHandlerLive(t *testing.T) {
 	if code, b := statusDo(t, "POST", base+"undrain", `{"upstream":"`+a1+`"}`, status.CSRFHeader, "1"); code != 200 || drains.drained(a1) {
 		t.Fatalf("undrain b1: %d %s", code, b)
 	}
+	// The admin API's drain says whether the running config has the upstream, and refuses
+	// what is not an address.
+	adminUp := fmt.Sprintf("http://localhost:%d/stickylb/upstreams/", adminPort)
+	if code, b := statusDo(t, "POST", adminUp+a1+"/drain", "", status.CSRFHeader, "1"); code != 200 || !strings.Contains(b, `"in_config":true`) || !drains.drained(a1) {
+		t.Fatalf("admin drain of b1: %d %s, want 200 with in_config true", code, b)
+	}
+	if code, b := statusDo(t, "POST", adminUp+a1+"/undrain", "", status.CSRFHeader, "1"); code != 200 || drains.drained(a1) {
+		t.Fatalf("admin undrain of b1: %d %s", code, b)
+	}
+	if code, b := statusDo(t, "POST", adminUp+"localhost/drain", "", status.CSRFHeader, "1"); code != 400 || !strings.Contains(b, "HOST:PORT") {
+		t.Fatalf("admin drain of a host without a port: %d %s, want 400 with the reason", code, b)
+	}
 }
 
 func TestStatusCheckUpstreamAddress(t *testing.T) {
@@ -345,5 +357,50 @@ func TestStatusKeyedPolicyService(t *testing.T) {
 	svc = serviceStatus("y", proxyRef{h: h, server: "srv0"}, nil, nil, time.Now())
 	if svc.Load.Sessions != nil || svc.Load.SessionsNote != noteNoTable || svc.Backends[0].Weight != nil || svc.Repins != nil {
 		t.Fatalf("no_table service: %+v", svc)
+	}
+}
+
+// An upstream that joins a weighted_least_conn pool with slow start ramps: the status shows
+// the ramp (since when, the window, the share) and the effective weight new sessions see,
+// the policy's own weight × its slow-start factor, whether the policy picks directly or as
+// a sticky policy's fallback; the upstreams of the first config do not ramp, and the ramp
+// ends with its window.
+func TestStatusCaddySlowStart(t *testing.T) {
+	p := &WeightedLeastConn{Weights: []int{2, 1, 4}, SlowStart: caddy.Duration(10 * time.Second), Clocks: t.Name()}
+	provision(t, p)
+	t0 := time.Unix(1_000_000, 0)
+	clock := t0
+	p.now = func() time.Time { return clock }
+	pool := testPool(2)
+	p.Select(pool, request("/"), nil) // the first config's upstreams: no ramp
+	joined := append(pool, &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: "10.0.0.9:80"})
+	p.Select(joined, request("/"), nil) // the joiner's ramp starts at t0
+	q := &StickyURL{Query: "sid"}
+	q.core.fallback = p
+	for _, sel := range []reverseproxy.Selector{p, q} {
+		h := &reverseproxy.Handler{LoadBalancing: &reverseproxy.LoadBalancing{SelectionPolicy: sel}, Upstreams: joined}
+		at := t0.Add(3 * time.Second)
+		svc := serviceStatus("x", proxyRef{h: h, server: "srv0"}, nil, nil, at)
+		for i, b := range svc.Backends[:2] {
+			if b.SlowStart != nil || *b.EffectiveWeight != *b.Weight {
+				t.Fatalf("%T: first-config backend %d: slow start %+v, effective %v of %v; want no ramp", sel, i, b.SlowStart, *b.EffectiveWeight, *b.Weight)
+			}
+		}
+		b := svc.Backends[2]
+		f := p.ss.Factor(t0, at)
+		if f <= 0 || f >= 1 {
+			t.Fatalf("the ramp's factor 3 s into a 10 s window is %v", f)
+		}
+		if ss := b.SlowStart; ss == nil || !ss.Since.Equal(t0) || ss.Window != "10s" || ss.Factor != f {
+			t.Fatalf("%T: joining backend's slow start %+v, want since %v, window 10s, factor %v", sel, b.SlowStart, t0, f)
+		}
+		if *b.Weight != 4 || *b.EffectiveWeight != 4*f {
+			t.Fatalf("%T: joining backend: weight %v, effective %v; want 4 and 4 × %v", sel, *b.Weight, *b.EffectiveWeight, f)
+		}
+		// Past the window: no ramp, the full weight.
+		b = serviceStatus("x", proxyRef{h: h, server: "srv0"}, nil, nil, t0.Add(11*time.Second)).Backends[2]
+		if b.SlowStart != nil || *b.EffectiveWeight != 4 {
+			t.Fatalf("%T: joining backend after the window: slow start %+v, effective %v", sel, b.SlowStart, *b.EffectiveWeight)
+		}
 	}
 }

@@ -117,6 +117,20 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 	if !strings.Contains(main, fmt.Sprintf("table generation %d", gen)) || !strings.Contains(main, fmt.Sprintf("flows %d", flows)) || !strings.Contains(main, "forward") {
 		t.Fatalf("page: %.800q: want the table generation %d, %d flows and the path counters", main, gen, flows)
 	}
+	// Flows per zone, from the program's per-zone counts, on the service's zone line.
+	zones := run(t, ctx, 5*time.Second, chromedp.Evaluate[string](`document.querySelector("section.svc .zones").innerText`))
+	for _, want := range []string{fmt.Sprintf("zone-a 1 backend, 1 healthy, flows %d", flows), "zone-b 2 backends, 0 healthy, 1 draining, flows 0"} {
+		if !strings.Contains(zones, want) {
+			t.Fatalf("zones line %q lacks %q", zones, want)
+		}
+	}
+	// The loader probes, so every row's last check is a time ("N s ago"), not n/a.
+	checks := run(t, ctx, 5*time.Second, chromedp.Evaluate[string](`Array.from(document.querySelectorAll(".row[data-id]")).map(r => r.children[6].innerText).join("|")`))
+	for _, c := range strings.Split(checks, "|") {
+		if !strings.HasSuffix(c, " s ago") {
+			t.Fatalf("last check cells %q: want a time on every row", checks)
+		}
+	}
 	if out := os.Getenv("STICKYLB_XDP_STATUS_SCREENSHOT"); out != "" {
 		png := run(t, ctx, 30*time.Second, chromedp.Screenshot(chromedp.CSS("body")))
 		if err := os.WriteFile(out, png, 0o644); err != nil {

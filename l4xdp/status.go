@@ -7,6 +7,7 @@ package l4xdp
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/stickylb/stickylb/policies/health"
@@ -50,6 +51,15 @@ func (l *Loader) Status() (*status.Snapshot, error) {
 		panicking := svc.Panic
 		svc.Finish(panicNoteXDP)
 		svc.Panic = panicking // the tables' own rule (see candidates), not Finish's
+		// Flows per zone: the program's own per-zone counts (those of the zone metric),
+		// which also hold the flows of a backend removed while they finish.
+		zones := map[string]int64{}
+		for k, n := range st.ActiveZones {
+			if z, ok := strings.CutPrefix(k, svc.Name+"/"); ok {
+				zones[z] = n
+			}
+		}
+		svc.SetZoneFlows(zones)
 		svc.Load.SessionsNote = "flows are active connections counted by the program (first packet to FIN, RST or idle timeout)"
 	}
 	snap.Services = svcs
@@ -58,7 +68,8 @@ func (l *Loader) Status() (*status.Snapshot, error) {
 		snap.Counters[p] = c.Packets
 	}
 	if fed {
-		snap.Notes = append(snap.Notes, "fed by a control plane: health verdicts and their times are the control plane's")
+		snap.Notes = append(snap.Notes, "fed by a control plane: health verdicts and their times are the control plane's; "+
+			"this node sends no probes, so its last check is n/a here (the control plane's page shows it)")
 	}
 	return snap, nil
 }
@@ -126,6 +137,7 @@ func (l *Loader) healthLocked(s *pools.Service, key string, b *pools.Backend) st
 	}
 	var h status.Health
 	var st health.State
+	var probe *health.TargetStatus // the loader's own checker's, nil when fed
 	if l.external != nil {
 		v := l.external(s.Name, b.Identity())
 		st = v.State
@@ -133,13 +145,15 @@ func (l *Loader) healthLocked(s *pools.Service, key string, b *pools.Backend) st
 			h.Since = status.Ptr(v.Since)
 		}
 	} else if l.health != nil {
-		st = l.health.View(s.Name, b.Identity())
+		ts, _ := l.health.Lookup(s.Name, b.Identity()) // Unknown before the checker has it
+		st = ts.State
 		if tr, ok := l.seen[key]; ok && tr.To == st {
 			h.Since = status.Ptr(tr.At)
 			if st == health.Unhealthy {
 				h.Reason = tr.Reason
 			}
 		}
+		probe = &ts
 	}
 	switch {
 	case st == health.Healthy:
@@ -150,6 +164,9 @@ func (l *Loader) healthLocked(s *pools.Service, key string, b *pools.Backend) st
 		h.State, h.Reason = status.Unhealthy, "the last verdict this forwarder had (no new one yet)"
 	default:
 		h.State = status.Unknown
+	}
+	if probe != nil {
+		h.AddProbe(*probe, s.HealthCheck.UnhealthyThreshold)
 	}
 	return h
 }

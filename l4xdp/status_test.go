@@ -82,6 +82,19 @@ func TestLoaderStatus(t *testing.T) {
 	if !drained.Draining || *drained.EffectiveWeight != 0 {
 		t.Fatalf("drained backend: %+v", drained)
 	}
+	// The loader probes: every backend's last check is a time of its checker's, no later
+	// than the snapshot, and moves with the next probe (one interval, 1 s, later; the
+	// timeout and 2 s of slack on top).
+	for _, b := range web.Backends {
+		if b.Health.LastCheck == nil || b.Health.LastCheck.After(snap.Time) || snap.Time.Sub(*b.Health.LastCheck) > 1500*time.Millisecond+2*time.Second {
+			t.Fatalf("backend %s: last check %v, snapshot at %v: want the time of a probe of the last interval", b.ID, b.Health.LastCheck, snap.Time)
+		}
+	}
+	firstCheck := *up.Health.LastCheck
+	eventually(t, time.Second+500*time.Millisecond+2*time.Second, "the healthy backend's last check moves with the next probe", func() (bool, string) {
+		b := snapOf().Services[0].Backends[0]
+		return b.Health.LastCheck != nil && b.Health.LastCheck.After(firstCheck), fmt.Sprintf("%v, first %v", b.Health.LastCheck, firstCheck)
+	})
 
 	// Flows: SYNs of 20 clients, all to the one healthy backend; the status's flows are the
 	// program's active counters, slot by slot.
@@ -115,6 +128,11 @@ func TestLoaderStatus(t *testing.T) {
 	if *web.Generation != gen {
 		t.Fatalf("generation moved from %d to %d with no rebuild", gen, *web.Generation)
 	}
+	// Flows per zone are the program's per-zone counts: all on zone-a's one backend.
+	if zs, _ := json.Marshal(web.Zones); string(zs) != fmt.Sprintf(`[{"name":"zone-a","backends":1,"healthy":1,"draining":0,"flows":%d},`+
+		`{"name":"zone-b","backends":2,"healthy":0,"draining":1,"flows":0}]`, flows) {
+		t.Fatalf("zones %s", zs)
+	}
 	if web.Counters["packets"] != flows {
 		t.Fatalf("VIP packets %d, want %d", web.Counters["packets"], flows)
 	}
@@ -137,6 +155,9 @@ func TestLoaderStatus(t *testing.T) {
 		t.Fatalf("added backend's slow start: %+v, want a ramp from about %v", added.SlowStart, before)
 	} else if added.Health.State != status.Unhealthy && *added.EffectiveWeight != *added.Weight*ss.Factor {
 		t.Fatalf("added backend: effective weight %v, want weight %v × %v", *added.EffectiveWeight, *added.Weight, ss.Factor)
+	}
+	if z := web.Zones[0]; z.Name != "zone-a" || z.Backends != 2 || z.Flows == nil || *z.Flows != flows {
+		t.Fatalf("zone-a with the added backend: %+v", z)
 	}
 	if *web.Generation <= gen {
 		t.Fatalf("generation %d after a rebuild, was %d", *web.Generation, gen)

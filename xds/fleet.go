@@ -81,6 +81,8 @@ type verdictTimes struct {
 	from  map[string]health.State // the state left at since
 	// reason of the last transition to unhealthy (the status page's last failure).
 	reason map[string]string
+	// probes, set once by WithProbes, gives the checker's last probe of a backend.
+	probes ProbeLookup
 }
 
 // RecordTransition notes a health transition's time, published with the verdict to XDP

@@ -21,6 +21,15 @@ const drainHint = "read-only: to drain a backend, set `drain: true` on it (or li
 // panicNoteXDS says what the control plane does when a service is in panic.
 const panicNoteXDS = "every non-draining backend is down: the control plane fails open, publishing them all as UNKNOWN"
 
+// ProbeLookup gives the fleet checker's status of a backend, its last probe included
+// (health.Monitor.Lookup); false when it does not probe the backend.
+type ProbeLookup func(service, id string) (health.TargetStatus, bool)
+
+// WithProbes lets the status page show when the checker last probed each backend and, for
+// a healthy backend whose last probes failed, why it may soon be down. Without it the page
+// shows n/a there.
+func WithProbes(p ProbeLookup) Option { return func(s *Server) { s.verdicts.probes = p } }
+
 // nodeStatus is what Status copies from a stream under the lock.
 type nodeStatus struct {
 	node      Node
@@ -137,6 +146,11 @@ func (s *Server) serviceStatus(svc *pools.Service, view HealthView, panicking bo
 			Health:   status.Health{State: stateName(v.State), Reason: s.reasonOf(svc.Name, b, v)}}
 		if !v.Since.IsZero() {
 			bs.Health.Since = status.Ptr(v.Since)
+		}
+		if probes := s.verdicts.probes; probes != nil && svc.HealthCheck != nil {
+			if ts, ok := probes(svc.Name, b.Identity()); ok {
+				bs.Health.AddProbe(ts, svc.HealthCheck.UnhealthyThreshold)
+			}
 		}
 		out.Backends = append(out.Backends, bs)
 	}

@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/internal/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -159,4 +163,82 @@ func TestFleetStatusJSON(t *testing.T) {
 	if resp, err := http.Get(h.URL + "/nothing"); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("an unknown path answers %v %v, want 404", resp, err)
 	}
+}
+
+// TestFleetStatusLastCheck: with the fleet checker wired in as `stickylb xds` wires it
+// (WithProbes), every probed backend's last check is its checker's last probe and moves with
+// the next one; a refused backend's reason is the probe's result. A backend of a service
+// without a health_check has none (n/a).
+func TestFleetStatusLastCheck(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	up, refused := ln.Addr().String(), fmt.Sprintf("127.0.0.1:%d", loopback.FreePort(t))
+	f := poolstest.Parse(t, fmt.Sprintf(`services:
+  - name: web
+    protocol: tcp
+    vip: 10.0.0.100:443
+    balance: maglev
+    hash: {table_size: 251}
+    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}
+    backends:
+      - {address: %q, mac: "02:00:00:00:06:01"}
+      - {address: %q, mac: "02:00:00:00:06:02"}
+  - name: plain
+    protocol: tcp
+    vip: 10.0.0.101:443
+    balance: maglev
+    hash: {table_size: 251}
+    backends:
+      - {address: 10.0.6.9:443, mac: "02:00:00:00:06:09"}
+`, up, refused))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var s *Server
+	mon := health.NewMonitor(func(svc string, tr health.Transition) {
+		s.RecordTransition(svc, tr)
+		_ = s.Refresh()
+	})
+	defer mon.Stop()
+	s = NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) },
+		zaptest.NewLogger(t), WithProbes(mon.Lookup))
+	if err := mon.Apply(ctx, pools.HealthServices(f.Services)); err != nil {
+		t.Fatal(err)
+	}
+	// The first probe within interval/10, its result within the timeout; 2 s of slack.
+	var snap *status.Snapshot
+	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on both backends", func() (bool, string) {
+		snap = s.Status()
+		bs := snap.Services[0].Backends
+		return bs[0].Health.State == status.Healthy && bs[1].Health.State == status.Unhealthy, fmt.Sprintf("%+v", bs)
+	})
+	web := snap.Services[0]
+	for _, b := range web.Backends {
+		ts, _ := mon.Lookup("web", b.ID)
+		if b.Health.LastCheck == nil || b.Health.LastCheck.After(snap.Time) || b.Health.LastCheck.Before(ts.LastProbe.Add(-2*time.Second)) {
+			t.Fatalf("backend %s: last check %v, the checker's last probe %v, snapshot at %v", b.ID, b.Health.LastCheck, ts.LastProbe, snap.Time)
+		}
+	}
+	if r := web.Backends[1].Health.Reason; !strings.Contains(r, "refused") {
+		t.Fatalf("refused backend's reason %q", r)
+	}
+	if h := snap.Services[1].Backends[0].Health; h.LastCheck != nil || h.State != status.Unknown {
+		t.Fatalf("backend of a service without a health_check: %+v, want unknown and no last check", h)
+	}
+	first := *web.Backends[0].Health.LastCheck
+	eventually(t, time.Second+500*time.Millisecond+2*time.Second, "the last check moves with the next probe", func() (bool, string) {
+		h := s.Status().Services[0].Backends[0].Health
+		return h.LastCheck != nil && h.LastCheck.After(first), fmt.Sprintf("%v, first %v", h.LastCheck, first)
+	})
 }

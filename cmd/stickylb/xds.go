@@ -99,7 +99,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	defer mon.Stop()
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready)}
+	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready), xds.WithProbes(mon.Lookup)}
 	if o.clientCA != "" {
 		// mTLS: a node id speaks only for the certificate that covers it.
 		xopts = append(xopts, xds.WithNodeIdentity())

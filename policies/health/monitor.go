@@ -59,6 +59,19 @@ func (m *Monitor) View(service, id string) State {
 	return st.State
 }
 
+// Lookup is the full status of the backend with identity id as the service's checker holds
+// it (its last probe's time and result included); false for a service without a checker or
+// a backend it does not probe.
+func (m *Monitor) Lookup(service, id string) (TargetStatus, bool) {
+	m.mu.Lock()
+	rc := m.checkers[service]
+	m.mu.Unlock()
+	if rc == nil {
+		return TargetStatus{}, false
+	}
+	return rc.c.Lookup(id)
+}
+
 // Apply starts, retargets or stops checkers so that exactly services are checked; they run
 // until ctx is done or Stop.
 func (m *Monitor) Apply(ctx context.Context, services []Service) error {

@@ -14,7 +14,11 @@ package status
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/stickylb/stickylb/policies/health"
 )
 
 // RefreshInterval is how often the page fetches the JSON again.
@@ -110,6 +114,9 @@ type Service struct {
 	Counters map[string]uint64 `json:"counters,omitempty"`
 	// Backends in the tier's order.
 	Backends []Backend `json:"backends"`
+	// Zones sums the backends by zone, in zone order; nil when no backend has a zone
+	// (Caddy's upstreams have none).
+	Zones []Zone `json:"zones,omitempty"`
 	// Notes are remarks about this service.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -196,6 +203,20 @@ type Backend struct {
 	Flows *int64 `json:"flows,omitempty"`
 }
 
+// Zone is one zone of a service: its backends counted by state, and its load.
+type Zone struct {
+	// Name is the zone; empty for the backends without one.
+	Name string `json:"name"`
+	// Backends in the zone; Healthy and Draining count those healthy and those draining.
+	Backends int `json:"backends"`
+	Healthy  int `json:"healthy"`
+	Draining int `json:"draining"`
+	// Flows are the zone's active flows (XDP: the program's per-zone counters, which keep
+	// counting flows of a backend removed while they finish), nil where the tier cannot
+	// know them (the control plane: flows live in the data-plane nodes).
+	Flows *int64 `json:"flows"`
+}
+
 // SlowStart is a backend's ramp after it joined or turned healthy.
 type SlowStart struct {
 	// Since is when the ramp started; Window how long it lasts.
@@ -217,6 +238,26 @@ type Health struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// AddProbe fills what a tier's own checker knows of a backend (ts, from Monitor.Lookup)
+// and the verdict did not: the time of the last probe, and a reason where none is set: the
+// deciding probe's result while unhealthy or, while healthy, the failing probes that have
+// not taken it down yet (unhealthyThreshold of them do), which tell why it may soon be.
+func (h *Health) AddProbe(ts health.TargetStatus, unhealthyThreshold int) {
+	if !ts.LastProbe.IsZero() {
+		h.LastCheck = Ptr(ts.LastProbe)
+	}
+	if h.Reason != "" {
+		return
+	}
+	switch {
+	case h.State == Unhealthy && ts.State == health.Unhealthy:
+		h.Reason = ts.Reason
+	case h.State == Healthy && ts.ConsecutiveFailures > 0:
+		h.Reason = fmt.Sprintf("last probe failed: %s (%d of the %d failures in a row that take it down)",
+			ts.LastResult, ts.ConsecutiveFailures, unhealthyThreshold)
+	}
+}
+
 // Node is a data-plane node connected to a control plane.
 type Node struct {
 	// ID is the node's id as it presents itself; Zone its zone (empty: none).
@@ -236,12 +277,14 @@ type Node struct {
 // Ptr returns a pointer to v, for the optional fields.
 func Ptr[T any](v T) *T { return &v }
 
-// Finish fills what follows from the backends: the service's in-flight and flow sums and
-// its panic state (panicNote says what the tier does in panic). It sorts nothing.
+// Finish fills what follows from the backends: the service's in-flight and flow sums, its
+// zones (with the backends' flows summed where they are known) and its panic state
+// (panicNote says what the tier does in panic). It sorts nothing but the zones.
 func (s *Service) Finish(panicNote string) {
 	var inflight, flows int64
 	knownIn, knownFlows := len(s.Backends) > 0, false
 	usable := 0
+	s.Zones = zonesOf(s.Backends)
 	for _, b := range s.Backends {
 		if b.InFlight == nil {
 			knownIn = false
@@ -267,6 +310,65 @@ func (s *Service) Finish(panicNote string) {
 	if s.Panic.Active {
 		s.Panic.Note = panicNote
 	}
+}
+
+// zonesOf sums backends by zone, nil when none has a zone.
+func zonesOf(bs []Backend) []Zone {
+	idx := map[string]int{}
+	var out []Zone
+	for _, b := range bs {
+		i, ok := idx[b.Zone]
+		if !ok {
+			i = len(out)
+			idx[b.Zone] = i
+			out = append(out, Zone{Name: b.Zone})
+		}
+		z := &out[i]
+		z.Backends++
+		if b.Health.State == Healthy {
+			z.Healthy++
+		}
+		if b.Draining {
+			z.Draining++
+		}
+		if b.Flows != nil {
+			z.Flows = Ptr(*b.Flows + valueOr0(z.Flows))
+		}
+	}
+	named := false
+	for _, z := range out {
+		named = named || z.Name != ""
+	}
+	if !named {
+		return nil
+	}
+	slices.SortFunc(out, func(a, b Zone) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func valueOr0(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// SetZoneFlows replaces the flows of the zones with those counted per zone (by zone name),
+// adding a zone that has flows but no backend any more (flows of a removed backend
+// finishing). Zones the counts do not name keep the sum of their backends' flows.
+func (s *Service) SetZoneFlows(counts map[string]int64) {
+	for i := range s.Zones {
+		if n, ok := counts[s.Zones[i].Name]; ok {
+			s.Zones[i].Flows = Ptr(n)
+		}
+	}
+	for name, n := range counts {
+		if n == 0 || slices.ContainsFunc(s.Zones, func(z Zone) bool { return z.Name == name }) {
+			continue
+		}
+		s.Zones = append(s.Zones, Zone{Name: name, Flows: Ptr(n)})
+	}
+	slices.SortFunc(s.Zones, func(a, b Zone) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // Validate checks what the page relies on: a tier, unique service names, and unique backend

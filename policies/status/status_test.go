@@ -8,6 +8,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +170,55 @@ func TestStatusReadDrainRequest(t *testing.T) {
 		if err != nil || got.Upstream != want {
 			t.Errorf("%.40q: %q, %v", body, got.Upstream, err)
 		}
+	}
+}
+
+// Zones: Finish sums the backends by zone (flows only where some backend's are known);
+// SetZoneFlows takes a tier's own per-zone counts, a zone gone from the file included.
+func TestStatusZones(t *testing.T) {
+	s := Service{Name: "web", Backends: []Backend{
+		{ID: "a", Zone: "zone-b", Health: Health{State: Healthy}, Flows: Ptr[int64](4)},
+		{ID: "b", Zone: "zone-a", Health: Health{State: Unhealthy}, Flows: Ptr[int64](1)},
+		{ID: "c", Zone: "zone-b", Health: Health{State: Healthy}, Draining: true, Flows: Ptr[int64](2)},
+		{ID: "d", Health: Health{State: Unknown}, Flows: Ptr[int64](0)},
+	}}
+	s.Finish("")
+	got, _ := json.Marshal(s.Zones)
+	want := `[{"name":"","backends":1,"healthy":0,"draining":0,"flows":0},` +
+		`{"name":"zone-a","backends":1,"healthy":0,"draining":0,"flows":1},` +
+		`{"name":"zone-b","backends":2,"healthy":2,"draining":1,"flows":6}]`
+	if string(got) != want {
+		t.Fatalf("zones %s, want %s", got, want)
+	}
+	s.SetZoneFlows(map[string]int64{"zone-b": 9, "zone-gone": 3, "zone-empty": 0})
+	got, _ = json.Marshal(s.Zones)
+	want = `[{"name":"","backends":1,"healthy":0,"draining":0,"flows":0},` +
+		`{"name":"zone-a","backends":1,"healthy":0,"draining":0,"flows":1},` +
+		`{"name":"zone-b","backends":2,"healthy":2,"draining":1,"flows":9},` +
+		`{"name":"zone-gone","backends":0,"healthy":0,"draining":0,"flows":3}]`
+	if string(got) != want {
+		t.Fatalf("zones after the tier's counts %s, want %s", got, want)
+	}
+	// Flows unknown (the control plane): null, shown n/a. No zone anywhere (Caddy): no list.
+	s = Service{Backends: []Backend{{ID: "a", Zone: "z", Health: Health{State: Healthy}}}}
+	s.Finish("")
+	if len(s.Zones) != 1 || s.Zones[0].Flows != nil {
+		t.Fatalf("zones without flows: %+v", s.Zones)
+	}
+	s = Service{Backends: []Backend{{ID: "a", Health: Health{State: Healthy}}}}
+	s.Finish("")
+	if s.Zones != nil {
+		t.Fatalf("zones of backends without any: %+v", s.Zones)
+	}
+}
+
+// The page's refresh period is the model's RefreshInterval (the page cannot import it).
+func TestStatusPageRefreshInterval(t *testing.T) {
+	m := regexp.MustCompile(`REFRESH_MS = (\d+)`).FindSubmatch(page)
+	if m == nil {
+		t.Fatal("page.html has no REFRESH_MS")
+	}
+	if ms, _ := strconv.Atoi(string(m[1])); time.Duration(ms)*time.Millisecond != RefreshInterval {
+		t.Fatalf("page refreshes every %s ms, RefreshInterval is %v", m[1], RefreshInterval)
 	}
 }

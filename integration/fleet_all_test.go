@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -23,6 +24,9 @@ import (
 	xdsgrpc "google.golang.org/grpc/xds"
 
 	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/xds"
 )
 
 // Every tier on one control plane, with real processes: `stickylb xds` on the host serves
@@ -725,6 +729,88 @@ http://%s {
 		if ok, saw := sameTables("b2", "b3"); !ok {
 			t.Fatalf("XDP tables in panic: %s", saw)
 		}
+	})
+
+	// A table the node's maps cannot hold, over the wire: the pools file's validation
+	// keeps a vip service's table_size within the forwarder's maps, so the view comes from
+	// the project's xDS server run here on a file edited past that check (as a control
+	// plane that allows larger tables would send it). lb2, moved to that server, applies
+	// its first view, NACKs the oversized one with the reason, keeps its tables and
+	// forwards with them; the server counts one NACK, rolls lb2 back and sends the version
+	// no more; the next good version is applied.
+	tp.phase("an oversized table is NACKed over the wire and changes nothing", func(t *testing.T) {
+		const oversized = 131071 // a prime, twice the maps' l4xdp.MaxTableSize
+		file := func(vip []string, tableSize uint64) *pools.File {
+			f, err := pools.Parse("pools.yaml", []byte(faPools(vip, []string{"g2", "g3"})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tableSize != 0 {
+				f.Services[0].Hash.TableSize = tableSize // "spread"
+			}
+			return f
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		healthy := func(string, *pools.Backend) health.State { return health.Healthy }
+		srv := xds.NewServer(ctx, file([]string{"b2", "b3"}, 0), healthy, zaptest.NewLogger(t))
+		addr := fmt.Sprintf("%s:%d", faHosts["host"], faCPPort+2)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer()
+		srv.Register(g)
+		go g.Serve(ln)
+		defer g.Stop()
+
+		nodes["lb2"].stop()
+		nodes["lb2"] = tp.startProc("lb2", "", bin, "xdp", "--xds", addr, "--iface", "eth0", "--mode", "native",
+			"--pin-root", tp.pinRoot("lb2"), "--node-id", "lb2/xdp/eth0", "--metrics", faNodeMetrics)
+		var good map[string]l4xdp.VIPTable
+		waitFor(t, 5*time.Second, "lb2 applies the first view (b2, b3 healthy)", func() (bool, string) {
+			tb, err := tables("lb2")
+			if err != nil || tb["spread"].Panic || len(tb["spread"].Down) != 0 || adsMetric("lb2", "stickylb_xds_connected") != "1" {
+				return false, fmt.Sprint(tb, err)
+			}
+			good = tb
+			return true, ""
+		})
+
+		sent := time.Now()
+		if err := srv.Update(file([]string{"b2", "b3"}, oversized)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, faPushSlack, "lb2's NACK counted and lb2 rolled back", func() (bool, string) {
+			return srv.Stats.NACKs.Load() == 1 && srv.Stats.Rollbacks.Load() == 1,
+				fmt.Sprintf("nacks %d rollbacks %d", srv.Stats.NACKs.Load(), srv.Stats.Rollbacks.Load())
+		})
+		t.Logf("the oversized table NACKed %s after the update", time.Since(sent).Round(time.Millisecond))
+		if reason := fmt.Sprintf("table_size %d", oversized); !strings.Contains(nodes["lb2"].String(), reason) {
+			t.Fatalf("lb2 logged no reason (%q) for its rejection:\n%s", reason, nodes["lb2"].String())
+		}
+		// Bounded observation: a server re-sending the rejected version would be NACKed
+		// again within the node's NACK hold (250 ms, doubling), so 1 s would show it.
+		settled := srv.Stats.Pushes.Load()
+		for watch := time.Now(); time.Since(watch) < time.Second; time.Sleep(20 * time.Millisecond) {
+			if n, p := srv.Stats.NACKs.Load(), srv.Stats.Pushes.Load()-settled; n != 1 || p != 0 {
+				t.Fatalf("after the NACK: %d NACKs, %d more pushes", n, p)
+			}
+		}
+		if tb, err := tables("lb2"); err != nil || !reflect.DeepEqual(tb, good) {
+			t.Fatalf("the rejected view changed lb2's tables: %v %v, before %v", tb, err, good)
+		}
+		if seen, err := tp.reaches("cl2", faK); err != nil || seen["b2"] == 0 || seen["b3"] == 0 {
+			t.Fatalf("through lb2 after the NACK: %v %v", seen, err)
+		}
+
+		if err := srv.Update(file([]string{"b3"}, 0)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, faPushSlack, "lb2 applies the next good version (b3 only)", func() (bool, string) {
+			tb, err := tables("lb2")
+			return err == nil && slices.Equal(slices.Compact(slices.Sorted(slices.Values(tb["spread"].Table))), []string{fmt.Sprintf("spread/%s:%d", faHosts["b3"], faVIPPort)}), fmt.Sprint(tb, err)
+		})
 	})
 }
 

@@ -273,8 +273,9 @@ func TestFleetAllTiers(t *testing.T) {
 		return kill
 	}
 	nodes := map[string]*loaderProc{}
-	startNode := func(lb string) {
-		nodes[lb] = tp.startProc(lb, "", bin, "xdp", "--xds", cpAddr, "--iface", "eth0", "--mode", "native",
+	// startNode runs XDP node lb, subscribed to the control plane at server.
+	startNode := func(lb, server string) {
+		nodes[lb] = tp.startProc(lb, "", bin, "xdp", "--xds", server, "--iface", "eth0", "--mode", "native",
 			"--pin-root", tp.pinRoot(lb), "--node-id", lb+"/xdp/eth0", "--metrics", faNodeMetrics)
 	}
 	tables := func(lb string) (map[string]l4xdp.VIPTable, error) {
@@ -425,8 +426,8 @@ func TestFleetAllTiers(t *testing.T) {
 		}
 		tp.writeFile(poolsFile, faPools([]string{"b1", "b2"}, []string{"g1", "g2"}))
 		killCP = startCP()
-		startNode("lb")
-		startNode("lb2")
+		startNode("lb", cpAddr)
+		startNode("lb2", cpAddr)
 
 		tp.writeFile(caddyfile, fmt.Sprintf(`{
 	admin off
@@ -623,7 +624,7 @@ http://%s {
 	// keeps its backend, and neither sends a session to b1 or g1.
 	tp.phase("Caddy and an XDP node restarted while the control plane is down serve their last view", func(t *testing.T) {
 		nodes["lb2"].stop()
-		startNode("lb2")
+		startNode("lb2", cpAddr)
 		endsBase["lb2"] = 0
 		_ = caddy.Process.Signal(os.Interrupt)
 		waitFor(t, 15*time.Second, "Caddy stopped", func() (bool, string) {
@@ -739,7 +740,7 @@ http://%s {
 	// forwards with them; the server counts one NACK, rolls lb2 back and sends the version
 	// no more; the next good version is applied.
 	tp.phase("an oversized table is NACKed over the wire and changes nothing", func(t *testing.T) {
-		const oversized = 131071 // a prime, twice the maps' l4xdp.MaxTableSize
+		const oversized = 131071 // a prime, about twice the maps' l4xdp.MaxTableSize
 		file := func(vip []string, tableSize uint64) *pools.File {
 			f, err := pools.Parse("pools.yaml", []byte(faPools(vip, []string{"g2", "g3"})))
 			if err != nil {
@@ -753,7 +754,8 @@ http://%s {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		healthy := func(string, *pools.Backend) health.State { return health.Healthy }
-		srv := xds.NewServer(ctx, file([]string{"b2", "b3"}, 0), healthy, zaptest.NewLogger(t))
+		// Logs to the whole test: the server's goroutines may log as it stops, after the phase.
+		srv := xds.NewServer(ctx, file([]string{"b2", "b3"}, 0), healthy, zaptest.NewLogger(tp.root))
 		addr := fmt.Sprintf("%s:%d", faHosts["host"], faCPPort+2)
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -765,8 +767,7 @@ http://%s {
 		defer g.Stop()
 
 		nodes["lb2"].stop()
-		nodes["lb2"] = tp.startProc("lb2", "", bin, "xdp", "--xds", addr, "--iface", "eth0", "--mode", "native",
-			"--pin-root", tp.pinRoot("lb2"), "--node-id", "lb2/xdp/eth0", "--metrics", faNodeMetrics)
+		startNode("lb2", addr)
 		var good map[string]l4xdp.VIPTable
 		waitFor(t, 5*time.Second, "lb2 applies the first view (b2, b3 healthy)", func() (bool, string) {
 			tb, err := tables("lb2")

@@ -200,10 +200,15 @@ func adsReconnectBound(ends int) time.Duration {
 // outage of d. It backs off by gRPC's defaults (1 s, x1.6 per failure, +-20% jitter, at
 // most 120 s): the wait pending when the server returns, the n-th, began within d of the
 // first failure after waits summing to at least 0.8 s x (1.6^n - 1) / 0.6, so it is at
-// most 1.2 s x 1.6^n <= 0.9 d + 1.2 s. Its channel and its ADS stream each back off so,
-// and may wait in turn: twice that.
+// most 1.2 s x 1.6^n <= 0.9 d + 1.2 s. Two such backoffs follow each other: the channel's
+// reconnect, w, then the ADS stream's retry, whose pending wait began within d + w of its
+// first failure.
 func grpcReconnectBound(d time.Duration) time.Duration {
-	return 2 * min(time.Duration(0.9*float64(d))+1200*time.Millisecond, 120*time.Second)
+	pending := func(d time.Duration) time.Duration {
+		return min(time.Duration(0.9*float64(d))+1200*time.Millisecond, 120*time.Second)
+	}
+	w := pending(d)
+	return w + pending(d+w)
 }
 
 // seriesValue is the value of series (a metric's name, or its name and labels) in a

@@ -237,7 +237,8 @@ func httpBody(url string) string {
 // client) follows its edits and verdicts within the stated bounds, keeps serving its last
 // view through the control plane's outage (Caddy and one XDP node restarted meanwhile),
 // reconnects and converges when it is back, and fails open with it.
-// CI: about 45 s (two builds, six processes, eight namespaces).
+// CI: about 30 s (stickylb's build, six processes, eight namespaces); about 50 s run alone,
+// when it builds Caddy too.
 func TestFleetAllTiers(t *testing.T) {
 	tp, bin, poolsFile := startXDPTest(t, newFleetAllTopo)
 	builtCaddy(t)

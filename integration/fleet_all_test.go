@@ -750,9 +750,10 @@ http://%s {
 		t.Logf("every service in panic %s after its health ports closed", time.Since(downAt).Round(time.Millisecond))
 		waitFor(t, faPushSlack, "every tier forwards to the unhealthy backends",
 			servesOnly([]string{"b2", "b3"}, []string{"g2", "g3"}))
-		// The panic's push reaches the two nodes at two moments (and b2, new to them again,
-		// may wait for its MAC), so their tables agree within the push slack.
-		waitFor(t, faPushSlack, "identical XDP tables over b2, b3 in panic", func() (bool, string) { return sameTables("b2", "b3") })
+		// The panic's push reaches the two nodes at two moments, and b2, new to them again,
+		// may wait for its MAC (a node waits up to 3 s for the kernel to resolve one): their
+		// tables agree within the push slack and that wait.
+		waitFor(t, faPushSlack+3*time.Second, "identical XDP tables over b2, b3 in panic", func() (bool, string) { return sameTables("b2", "b3") })
 	})
 
 	// A table the node's maps cannot hold, over the wire: the pools file's validation

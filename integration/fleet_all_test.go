@@ -45,8 +45,8 @@ import (
 // outage phases can check that a key keeps its backend.
 //
 // Every service is health checked on a port of its own (faVIPHealthPort, faGRPCHealth):
-// killing a backend closes both its ports; the outage closes only the health ports, so the
-// backends still answer and a tier that fails open is seen to forward.
+// killing a backend closes both its ports; the fail-open phase closes only the health
+// ports, so the backends still answer and a tier that fails open is seen to forward.
 
 var faHosts = map[string]string{
 	"host": "10.78.0.1", "cl": "10.78.0.10", "cl2": "10.78.0.20", "lb": "10.78.0.2", "lb2": "10.78.0.4",

@@ -221,7 +221,7 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool,
 
 func TestXDSSourceEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs a control plane probing 4 backends and Caddy, twice: about 10 s")
+		t.Skip("runs a control plane probing 4 backends and Caddy, twice: about 2 s")
 	}
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	t.Setenv("STICKYLB_XDS_TEST_SECRET", testSecret)

@@ -11,10 +11,12 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -22,6 +24,9 @@ import (
 	xdsgrpc "google.golang.org/grpc/xds"
 
 	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/xds"
 )
 
 // Every tier on one control plane, with real processes: `stickylb xds` on the host serves
@@ -35,11 +40,13 @@ import (
 //
 // Caddy proxies the gRPC service the grpc-go client calls, so that one set of keys checks
 // that the two L7 tiers agree on every backend (a second service in the file no longer stops
-// a grpc-go client: TestGRPCClientBesideOtherServices in xds).
+// a grpc-go client: TestGRPCClientBesideOtherServices in xds). Caddy hashes the same
+// session header (lb_policy header), so each tier maps a key to one backend and the
+// outage phases can check that a key keeps its backend.
 //
 // Every service is health checked on a port of its own (faVIPHealthPort, faGRPCHealth):
-// killing a backend closes both its ports; the outage closes only the health ports, so the
-// backends still answer and a tier that fails open is seen to forward.
+// killing a backend closes both its ports; the fail-open phase closes only the health
+// ports, so the backends still answer and a tier that fails open is seen to forward.
 
 var faHosts = map[string]string{
 	"host": "10.78.0.1", "cl": "10.78.0.10", "cl2": "10.78.0.20", "lb": "10.78.0.2", "lb2": "10.78.0.4",
@@ -57,10 +64,23 @@ const (
 	// build, one push per node, the node's apply: milliseconds idle) on two cores shared
 	// by the whole CI run, and the check's own round of K sessions per tier.
 	faPushSlack = 2 * time.Second
-	// faK new sessions per tier and check. A backend holding a third of a node's table (or
-	// ring, or of uniformly random picks) is missed by all of them with probability
-	// (2/3)^40 < 1e-7; a killed one still in the view shows up likewise.
+	// faK new sessions per tier and check (the L7 tiers: faK fixed keys, hashed). A backend
+	// holding a third of a node's table, ring or hash space is missed by all of them with
+	// probability (2/3)^40 < 1e-7; a killed one still in the view shows up likewise.
 	faK = 40
+	// faPoll is the control plane's --poll of the pools file.
+	faPoll = 100 * time.Millisecond
+	// faNodeMetrics is where each XDP node serves its metrics, on its namespace's loopback.
+	faNodeMetrics = "127.0.0.1:9912"
+	// The backoff of the XDP and Caddy nodes' ADS client (adsclient's defaults, which
+	// neither overrides): each wait is uniform below a ceiling of 250 ms doubled by every
+	// failed attempt, at most 30 s.
+	faADSInitial, faADSMax = 250 * time.Millisecond, 30 * time.Second
+	// faFirstVerdicts bounds a restarted control plane's first verdicts, which it may wait
+	// for before it publishes: a target's first probe starts within min(interval/10, 1 s)
+	// and ends within timeout; interval x unhealthy_threshold + timeout states it
+	// generously.
+	faFirstVerdicts = faInterval*faUnhealthy + faTimeout
 	// Ports: the VIP's and its health port in the namespaces; the host backends' data and
 	// health ports (the same on each 127.0.0.x address).
 	faVIPPort, faVIPHealthPort = 80, 81
@@ -165,9 +185,60 @@ type faBackend struct {
 
 func (b *faBackend) kill() { b.data(); b.health.Close() }
 
+// adsReconnectBound is the longest an ADS node waits before its next attempt once its
+// stream has ended ends times since it last was healthy (the first end resets the backoff,
+// every later one doubles the ceiling).
+func adsReconnectBound(ends int) time.Duration {
+	c := faADSInitial
+	for i := 1; i < ends && c < faADSMax; i++ {
+		c *= 2
+	}
+	return min(c, faADSMax)
+}
+
+// grpcReconnectBound bounds how long grpc-go takes to reach a control plane back after an
+// outage of d. It backs off by gRPC's defaults (1 s, x1.6 per failure, +-20% jitter, at
+// most 120 s): the wait pending when the server returns, the n-th, began within d of the
+// first failure after waits summing to at least 0.8 s x (1.6^n - 1) / 0.6, so it is at
+// most 1.2 s x 1.6^n <= 0.9 d + 1.2 s. Two such backoffs follow each other: the channel's
+// reconnect, w, then the ADS stream's retry, whose pending wait began within d + w of its
+// first failure.
+func grpcReconnectBound(d time.Duration) time.Duration {
+	pending := func(d time.Duration) time.Duration {
+		return min(time.Duration(0.9*float64(d))+1200*time.Millisecond, 120*time.Second)
+	}
+	w := pending(d)
+	return w + pending(d+w)
+}
+
+// seriesValue is the value of series (a metric's name, or its name and labels) in a
+// Prometheus text exposition, "absent" when it has none.
+func seriesValue(body, series string) string {
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, series+" ") || (!strings.Contains(series, "{") && strings.HasPrefix(l, series+"{")) {
+			return l[strings.LastIndex(l, " ")+1:]
+		}
+	}
+	return "absent"
+}
+
+// httpBody is the body of GET url, or the error.
+func httpBody(url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
 // TestFleetAllTiers: one control plane, every tier (two XDP nodes, Caddy, a grpc-go xDS
-// client) follows its edits and verdicts within the stated bounds, and fails open with it.
-// CI: about 35 s (two builds, four processes, eight namespaces).
+// client) follows its edits and verdicts within the stated bounds, keeps serving its last
+// view through the control plane's outage (Caddy and one XDP node restarted meanwhile),
+// reconnects and converges when it is back, and fails open with it.
+// CI: about 30 s (stickylb's build, six processes, eight namespaces); about 50 s run alone,
+// when it builds Caddy too.
 func TestFleetAllTiers(t *testing.T) {
 	tp, bin, poolsFile := startXDPTest(t, newFleetAllTopo)
 	builtCaddy(t)
@@ -176,36 +247,50 @@ func TestFleetAllTiers(t *testing.T) {
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	backends := map[string]*faBackend{}
 
-	startCP := func() {
-		cmd := exec.Command(bin, "xds", "--pools", poolsFile, "--listen", cpAddr, "--poll", "100ms", "--admin", adminAddr)
-		logf, err := os.Create(filepath.Join(dir, "xds.log"))
+	// startCP runs the control plane (each run logging to a file of its own) and returns
+	// what kills it, as a crash would.
+	cpRuns := 0
+	startCP := func() (kill func()) {
+		cpRuns++
+		run := cpRuns
+		cmd := exec.Command(bin, "xds", "--pools", poolsFile, "--listen", cpAddr, "--poll", faPoll.String(), "--admin", adminAddr)
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("xds-%d.log", run)))
 		if err != nil {
-			t.Fatal(err)
+			tp.t.Fatal(err)
 		}
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+			tp.t.Fatal(err)
 		}
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
+		kill = func() {
 			_ = cmd.Process.Kill()
 			<-done
+		}
+		t.Cleanup(func() {
+			kill()
 			if t.Failed() {
 				b, _ := os.ReadFile(logf.Name())
-				t.Logf("stickylb xds log:\n%s", b)
+				t.Logf("stickylb xds log (run %d):\n%s", run, b)
 			}
 		})
-		waitPort(t, cpAddr, 30*time.Second)
+		waitPort(tp.t, cpAddr, 30*time.Second)
+		return kill
 	}
-	startNode := func(lb string) *loaderProc {
-		return tp.startProc(lb, "", bin, "xdp", "--xds", cpAddr, "--iface", "eth0", "--mode", "native",
-			"--pin-root", tp.pinRoot(lb), "--node-id", lb+"/xdp/eth0")
+	nodes := map[string]*loaderProc{}
+	// startNode runs XDP node lb, subscribed to the control plane at server.
+	startNode := func(lb, server string) {
+		nodes[lb] = tp.startProc(lb, "", bin, "xdp", "--xds", server, "--iface", "eth0", "--mode", "native",
+			"--pin-root", tp.pinRoot(lb), "--node-id", lb+"/xdp/eth0", "--metrics", faNodeMetrics)
+	}
+	tables := func(lb string) (map[string]l4xdp.VIPTable, error) {
+		return l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot(lb)})
 	}
 	// sameTables: both XDP nodes hold equal tables (as backend names), over want.
 	sameTables := func(want ...string) (bool, string) {
-		a, errA := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot("lb")})
-		b, errB := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinRoot("lb2")})
+		a, errA := tables("lb")
+		b, errB := tables("lb2")
 		if errA != nil || errB != nil {
 			return false, fmt.Sprint(errA, errB)
 		}
@@ -222,42 +307,80 @@ func TestFleetAllTiers(t *testing.T) {
 		return reflect.DeepEqual(in, wantSet), fmt.Sprintf("table over %v, want %v", in, wantSet)
 	}
 	panicGauge := func(service string) string {
-		resp, err := http.Get("http://" + adminAddr + "/metrics")
-		if err != nil {
-			return err.Error()
+		return seriesValue(httpBody("http://"+adminAddr+"/metrics"), fmt.Sprintf("stickylb_panic{service=%q}", service))
+	}
+	caddyPort, caddyMetricsPort := freePort(t), freePort(t)
+	caddyAddr := fmt.Sprintf("127.0.0.1:%d", caddyPort)
+	caddyMetrics := fmt.Sprintf("127.0.0.1:%d", caddyMetricsPort)
+	// adsMetric reads a series of the ADS client of an XDP node (lb, lb2) or of Caddy.
+	adsMetric := func(node, name string) string {
+		if node == "caddy" {
+			return seriesValue(httpBody("http://"+caddyMetrics+"/metrics"), name)
 		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		prefix := fmt.Sprintf("stickylb_panic{service=%q} ", service)
-		for _, l := range strings.Split(string(body), "\n") {
-			if strings.HasPrefix(l, prefix) {
-				return strings.TrimPrefix(l, prefix)
+		return seriesValue(tp.get(node, faNodeMetrics, "/metrics"), name)
+	}
+	adsNodes := []string{"lb", "lb2", "caddy"}
+	// allConnected: every ADS node's stickylb_xds_connected is want.
+	allConnected := func(want string) func() (bool, string) {
+		return func() (bool, string) {
+			var saw []string
+			for _, n := range adsNodes {
+				if v := adsMetric(n, "stickylb_xds_connected"); v != want {
+					saw = append(saw, n+"="+v)
+				}
 			}
+			return len(saw) == 0, strings.Join(saw, " ")
 		}
-		return "absent"
 	}
 
 	// The tiers' K new sessions each, counted by backend; an error when one fails. The
-	// gRPC tiers send K fixed keys: to the xDS client they are ring_hash keys, to Caddy
-	// (lb_policy random) K independent picks.
-	caddyPort := freePort(t)
+	// gRPC tiers send K fixed keys: ring_hash keys to the xDS client, header hash keys to
+	// Caddy.
 	var cc, caddyCC *grpc.ClientConn
-	calls := func(cc **grpc.ClientConn) func() (map[string]int, error) {
-		return func() (map[string]int, error) {
-			got := map[string]int{}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			for i := range faK {
-				var hdr metadata.MD
-				kctx := metadata.AppendToOutgoingContext(ctx, "x-session", fmt.Sprintf("key-%02d", i))
-				if _, err := healthpb.NewHealthClient(*cc).Check(kctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr)); err != nil {
-					return got, err
-				}
-				got[strings.Join(hdr.Get("backend"), ",")]++
-			}
-			return got, nil
+	// dialCaddy opens the gRPC connection to Caddy (again after Caddy's restart, rather
+	// than wait for the old one's reconnect backoff).
+	dialCaddy := func() {
+		if caddyCC != nil {
+			caddyCC.Close()
+		}
+		var err error
+		if caddyCC, err = grpc.NewClient("passthrough:///"+caddyAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			tp.t.Fatal(err)
 		}
 	}
+	tp.root.Cleanup(func() {
+		if caddyCC != nil {
+			caddyCC.Close()
+		}
+	})
+	// keys sends the K keys through *cc: the backend of each.
+	keys := func(cc **grpc.ClientConn) (map[string]string, error) {
+		got := map[string]string{}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for i := range faK {
+			key := fmt.Sprintf("key-%02d", i)
+			var hdr metadata.MD
+			kctx := metadata.AppendToOutgoingContext(ctx, "x-session", key)
+			if _, err := healthpb.NewHealthClient(*cc).Check(kctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr)); err != nil {
+				return got, fmt.Errorf("%s: %w", key, err)
+			}
+			got[key] = strings.Join(hdr.Get("backend"), ",")
+		}
+		return got, nil
+	}
+	calls := func(cc **grpc.ClientConn) func() (map[string]int, error) {
+		return func() (map[string]int, error) {
+			m, err := keys(cc)
+			got := map[string]int{}
+			for _, b := range m {
+				got[b]++
+			}
+			return got, err
+		}
+	}
+	l7 := map[string]**grpc.ClientConn{"caddy": &caddyCC, "grpc": &cc}
+	clientOf := map[string]string{"lb": "cl", "lb2": "cl2"}
 	tiers := map[string]func() (map[string]int, error){
 		"lb":    func() (map[string]int, error) { return tp.reaches("cl", faK) },
 		"lb2":   func() (map[string]int, error) { return tp.reaches("cl2", faK) },
@@ -284,6 +407,19 @@ func TestFleetAllTiers(t *testing.T) {
 		}
 	}
 
+	caddyfile := filepath.Join(dir, "Caddyfile")
+	caddyEnv := "XDG_DATA_HOME=" + filepath.Join(dir, "data")
+	var caddy *exec.Cmd
+	// startCaddy runs Caddy and connects to it; the view it saves lives in its data
+	// directory, which a restart keeps.
+	startCaddy := func() {
+		caddy = runCaddy(tp.root, caddyfile, caddyEnv)
+		waitPort(tp.t, caddyAddr, 30*time.Second)
+		waitPort(tp.t, caddyMetrics, 30*time.Second)
+		dialCaddy()
+	}
+	var killCP func()
+
 	tp.phase("start", func(t *testing.T) {
 		tp.readyNodes(bin, "lb", "lb2")
 		for _, h := range []string{"b1", "b2", "b3"} {
@@ -295,11 +431,10 @@ func TestFleetAllTiers(t *testing.T) {
 			backends[g] = &faBackend{data: gs.Stop, health: faListener(tp.root, fmt.Sprintf("%s:%d", faHosts[g], faGRPCHealth))}
 		}
 		tp.writeFile(poolsFile, faPools([]string{"b1", "b2"}, []string{"g1", "g2"}))
-		startCP()
-		startNode("lb")
-		startNode("lb2")
+		killCP = startCP()
+		startNode("lb", cpAddr)
+		startNode("lb2", cpAddr)
 
-		caddyfile := filepath.Join(dir, "Caddyfile")
 		tp.writeFile(caddyfile, fmt.Sprintf(`{
 	admin off
 	persist_config off
@@ -308,28 +443,24 @@ func TestFleetAllTiers(t *testing.T) {
 		protocols h1 h2c
 	}
 }
-http://127.0.0.1:%d {
+http://%s {
 	reverse_proxy {
 		dynamic stickylb_xds {
 			server  %s
 			service rpc
 			node_id fleet/caddy
 		}
-		lb_policy random
+		lb_policy header x-session
 		transport http {
 			versions h2c
 		}
 	}
 }
-`, caddyPort, cpAddr))
-		runCaddy(tp.root, caddyfile, "XDG_DATA_HOME="+filepath.Join(dir, "data"))
-		caddyAddr := fmt.Sprintf("127.0.0.1:%d", caddyPort)
-		waitPort(t, caddyAddr, 30*time.Second)
-		var err error
-		if caddyCC, err = grpc.NewClient("passthrough:///"+caddyAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-			t.Fatal(err)
-		}
-		tp.root.Cleanup(func() { caddyCC.Close() })
+http://%s {
+	metrics
+}
+`, caddyAddr, cpAddr, caddyMetrics))
+		startCaddy()
 
 		bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":"fleet/grpc","locality":{"zone":"zone-a"}}}`, cpAddr)
 		rb, err := xdsgrpc.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
@@ -344,6 +475,7 @@ http://127.0.0.1:%d {
 		// The first view and the first verdicts (Unknown routes too).
 		waitFor(t, 15*time.Second, "every tier serves its two backends", servesOnly([]string{"b1", "b2"}, []string{"g1", "g2"}))
 		waitFor(t, 2*time.Second, "identical XDP tables over b1, b2", func() (bool, string) { return sameTables("b1", "b2") })
+		waitFor(t, 5*time.Second, "every ADS node connected", allConnected("1"))
 	})
 
 	// One edit adds a backend to each service: within 2 s every tier sends one of K new
@@ -412,9 +544,192 @@ http://127.0.0.1:%d {
 		backends["g1"].data()
 	})
 
-	// The dead backends leave the file, and every remaining backend's health check fails
-	// while the backends still serve: the control plane fails open, so every tier keeps
-	// forwarding to them, and each service's panic gauge is 1.
+	// The control plane's outage. What each tier served just before it: the L7 tiers' key
+	// to backend, the XDP nodes' tables (their keys' backends) and an open DR flow through
+	// each. A tier that lost its view, or its verdicts (b1 and g1 are down and still in the
+	// file), would show it: a key elsewhere, a session to a dead backend.
+	var (
+		keysBefore   = map[string]map[string]string{}
+		tablesBefore = map[string]map[string]l4xdp.VIPTable{}
+		flows        = map[string]*vconn{}
+		endsBase     = map[string]int{} // each ADS node's stream ends before the outage
+		cpDown       time.Time
+	)
+	ends := func(node string) int {
+		n, _ := strconv.Atoi(adsMetric(node, "stickylb_xds_stream_ends_total"))
+		return n
+	}
+	// lastView: the named tiers serve as just before the outage.
+	lastView := func(only ...string) (bool, string) {
+		for _, tier := range only {
+			if cc, ok := l7[tier]; ok {
+				got, err := keys(cc)
+				if err != nil {
+					return false, fmt.Sprintf("%s: %v", tier, err)
+				}
+				if !reflect.DeepEqual(got, keysBefore[tier]) {
+					return false, fmt.Sprintf("%s: keys on %v, before %v", tier, got, keysBefore[tier])
+				}
+				continue
+			}
+			tb, err := tables(tier)
+			if err != nil {
+				return false, fmt.Sprintf("%s: %v", tier, err)
+			}
+			if !reflect.DeepEqual(tb, tablesBefore[tier]) {
+				return false, fmt.Sprintf("%s: tables %v, before %v", tier, tb, tablesBefore[tier])
+			}
+			seen, err := tp.reaches(clientOf[tier], faK)
+			if err != nil || seen["b1"] != 0 {
+				return false, fmt.Sprintf("%s: new connections %v %v", tier, seen, err)
+			}
+			if err := flows[tier].echo(); err != nil {
+				return false, fmt.Sprintf("%s: the DR flow to %s: %v", tier, flows[tier].backend, err)
+			}
+		}
+		return true, ""
+	}
+
+	tp.phase("the control plane down: every tier keeps serving", func(t *testing.T) {
+		for tier, cc := range l7 {
+			m, err := keys(cc)
+			if err != nil {
+				t.Fatalf("%s: %v", tier, err)
+			}
+			keysBefore[tier] = m
+		}
+		for lb, cl := range clientOf {
+			tb, err := tables(lb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tablesBefore[lb] = tb
+			if flows[lb], err = tp.dialVia(cl, fmt.Sprintf("%s:%d", vip4, faVIPPort)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range adsNodes {
+			endsBase[n] = ends(n)
+		}
+		killCP()
+		cpDown = time.Now()
+		// The stream's end is seen at once (the server's process is gone, its sockets reset).
+		waitFor(t, 5*time.Second, "every ADS node sees the control plane gone", allConnected("0"))
+		for _, n := range adsNodes {
+			if adsMetric(n, "stickylb_xds_last_update_age_seconds") == "absent" {
+				t.Fatalf("%s exports no update age", n)
+			}
+		}
+		if ok, saw := lastView(tierOrder...); !ok {
+			t.Fatalf("with the control plane down: %s", saw)
+		}
+	})
+
+	// Restarted while the control plane is down, lb2 adopts its pinned maps and Caddy
+	// loads the view it saved: the same keys reach the same backends, lb2's open flow
+	// keeps its backend, and neither sends a session to b1 or g1.
+	tp.phase("Caddy and an XDP node restarted while the control plane is down serve their last view", func(t *testing.T) {
+		nodes["lb2"].stop()
+		startNode("lb2", cpAddr)
+		endsBase["lb2"] = 0
+		_ = caddy.Process.Signal(os.Interrupt)
+		waitFor(t, 15*time.Second, "Caddy stopped", func() (bool, string) {
+			return !cxPortOpen(caddyAddr), "still listening"
+		})
+		startCaddy()
+		endsBase["caddy"] = 0
+		for _, n := range []string{"lb2", "caddy"} {
+			if v := adsMetric(n, "stickylb_xds_connected"); v != "0" {
+				t.Fatalf("%s restarted: stickylb_xds_connected %s with the control plane down", n, v)
+			}
+		}
+		if ok, saw := lastView(tierOrder...); !ok {
+			t.Fatalf("after the restarts: %s", saw)
+		}
+		t.Logf("control plane down %s so far", time.Since(cpDown).Round(time.Millisecond))
+	})
+
+	// The control plane back, on the same file and address: every ADS node reconnects
+	// within its backoff's ceiling (read from its stream ends) plus the push slack, and one
+	// edit made after the restart (b2 and g2 leave) reaches every tier: the ADS nodes within
+	// the poll, the control plane's first verdicts and the push slack; the grpc-go client,
+	// whose backoff is not exported, within its reconnect bound from the restart plus the
+	// same.
+	tp.phase("the control plane back: every tier reconnects and converges", func(t *testing.T) {
+		killCP = startCP()
+		restarted := time.Now()
+		outage := restarted.Sub(cpDown)
+		reconnectBy := map[string]time.Time{}
+		lastReconnect := restarted
+		for _, n := range adsNodes {
+			// One more failed attempt may have ended as the port opened.
+			reconnectBy[n] = restarted.Add(adsReconnectBound(ends(n)-endsBase[n]+1) + faPushSlack)
+			lastReconnect = maxTime(lastReconnect, reconnectBy[n])
+		}
+		reconnected := map[string]time.Duration{}
+		waitFor(t, time.Until(lastReconnect), "every ADS node reconnected", func() (bool, string) {
+			var saw []string
+			for _, n := range adsNodes {
+				if _, ok := reconnected[n]; ok {
+					continue
+				}
+				if v := adsMetric(n, "stickylb_xds_connected"); v != "1" {
+					saw = append(saw, n+"="+v)
+					continue
+				}
+				reconnected[n] = time.Since(restarted)
+			}
+			return len(saw) == 0, strings.Join(saw, " ")
+		})
+		for _, n := range adsNodes {
+			bound := reconnectBy[n].Sub(restarted)
+			t.Logf("%s reconnected %s after the restart (bound %s)", n, reconnected[n].Round(time.Millisecond), bound.Round(time.Millisecond))
+			if reconnected[n] > bound {
+				t.Errorf("%s reconnected %s after the restart, past its bound %s", n, reconnected[n], bound)
+			}
+		}
+
+		edited := time.Now()
+		tp.writeFile(poolsFile, faPools([]string{"b1", "b3"}, []string{"g1", "g3"}))
+		want := map[string]string{"lb": "b3", "lb2": "b3", "caddy": "g3", "grpc": "g3"}
+		by := map[string]time.Time{}
+		for _, tier := range tierOrder {
+			by[tier] = edited.Add(faPoll + faFirstVerdicts + faPushSlack)
+		}
+		by["grpc"] = maxTime(by["grpc"], restarted.Add(grpcReconnectBound(outage)+faPoll+faFirstVerdicts+faPushSlack))
+		last := edited
+		for _, at := range by {
+			last = maxTime(last, at)
+		}
+		took := map[string]time.Duration{}
+		waitFor(t, time.Until(last), "every tier sends every new session to b3 or g3", func() (bool, string) {
+			var saw []string
+			for _, tier := range tierOrder {
+				if _, ok := took[tier]; ok {
+					continue
+				}
+				got, err := tiers[tier]()
+				if err == nil && len(got) == 1 && got[want[tier]] == faK {
+					took[tier] = time.Since(edited)
+					continue
+				}
+				saw = append(saw, fmt.Sprintf("%s: %v %v", tier, got, err))
+			}
+			return len(saw) == 0, strings.Join(saw, "; ")
+		})
+		for _, tier := range tierOrder {
+			t.Logf("%s converged %s after the edit (bound %s; the control plane down %s)", tier, took[tier].Round(time.Millisecond),
+				by[tier].Sub(edited).Round(time.Millisecond), outage.Round(time.Millisecond))
+			if edited.Add(took[tier]).After(by[tier]) {
+				t.Errorf("%s converged %s after the edit, past its bound %s", tier, took[tier], by[tier].Sub(edited))
+			}
+		}
+		waitFor(t, 2*time.Second, "identical XDP tables over b3", func() (bool, string) { return sameTables("b3") })
+	})
+
+	// The dead backends leave the file and b2 and g2 return, and every backend's health
+	// check fails while the backends still serve: the control plane fails open, so every
+	// tier keeps forwarding to them, and each service's panic gauge is 1.
 	tp.phase("every backend of a service down: every tier fails open", func(t *testing.T) {
 		healthy := []string{"b2", "b3", "g2", "g3"}
 		tp.writeFile(poolsFile, faPools([]string{"b2", "b3"}, []string{"g2", "g3"}))
@@ -435,8 +750,99 @@ http://127.0.0.1:%d {
 		t.Logf("every service in panic %s after its health ports closed", time.Since(downAt).Round(time.Millisecond))
 		waitFor(t, faPushSlack, "every tier forwards to the unhealthy backends",
 			servesOnly([]string{"b2", "b3"}, []string{"g2", "g3"}))
-		if ok, saw := sameTables("b2", "b3"); !ok {
-			t.Fatalf("XDP tables in panic: %s", saw)
-		}
+		// The panic's push reaches the two nodes at two moments, and b2, new to them again,
+		// may wait for its MAC (a node waits up to 3 s for the kernel to resolve one): their
+		// tables agree within the push slack and that wait.
+		waitFor(t, faPushSlack+3*time.Second, "identical XDP tables over b2, b3 in panic", func() (bool, string) { return sameTables("b2", "b3") })
 	})
+
+	// A table the node's maps cannot hold, over the wire: the pools file's validation
+	// keeps a vip service's table_size within the forwarder's maps, so the view comes from
+	// the project's xDS server run here on a file edited past that check (as a control
+	// plane that allows larger tables would send it). lb2, moved to that server, applies
+	// its first view, NACKs the oversized one with the reason, keeps its tables and
+	// forwards with them; the server counts one NACK, rolls lb2 back and sends the version
+	// no more; the next good version is applied.
+	tp.phase("an oversized table is NACKed over the wire and changes nothing", func(t *testing.T) {
+		const oversized = 131071 // a prime, about twice the maps' l4xdp.MaxTableSize
+		file := func(vip []string, tableSize uint64) *pools.File {
+			f, err := pools.Parse("pools.yaml", []byte(faPools(vip, []string{"g2", "g3"})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tableSize != 0 {
+				f.Services[0].Hash.TableSize = tableSize // "spread"
+			}
+			return f
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		healthy := func(string, *pools.Backend) health.State { return health.Healthy }
+		// Logs to the whole test: the server's goroutines may log as it stops, after the phase.
+		srv := xds.NewServer(ctx, file([]string{"b2", "b3"}, 0), healthy, zaptest.NewLogger(tp.root))
+		addr := fmt.Sprintf("%s:%d", faHosts["host"], faCPPort+2)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer()
+		srv.Register(g)
+		go g.Serve(ln)
+		defer g.Stop()
+
+		nodes["lb2"].stop()
+		startNode("lb2", addr)
+		var good map[string]l4xdp.VIPTable
+		waitFor(t, 5*time.Second, "lb2 applies the first view (b2, b3 healthy)", func() (bool, string) {
+			tb, err := tables("lb2")
+			if err != nil || tb["spread"].Panic || len(tb["spread"].Down) != 0 || adsMetric("lb2", "stickylb_xds_connected") != "1" {
+				return false, fmt.Sprint(tb, err)
+			}
+			good = tb
+			return true, ""
+		})
+
+		sent := time.Now()
+		if err := srv.Update(file([]string{"b2", "b3"}, oversized)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, faPushSlack, "lb2's NACK counted and lb2 rolled back", func() (bool, string) {
+			return srv.Stats.NACKs.Load() == 1 && srv.Stats.Rollbacks.Load() == 1,
+				fmt.Sprintf("nacks %d rollbacks %d", srv.Stats.NACKs.Load(), srv.Stats.Rollbacks.Load())
+		})
+		t.Logf("the oversized table NACKed %s after the update", time.Since(sent).Round(time.Millisecond))
+		if reason := fmt.Sprintf("table_size %d", oversized); !strings.Contains(nodes["lb2"].String(), reason) {
+			t.Fatalf("lb2 logged no reason (%q) for its rejection:\n%s", reason, nodes["lb2"].String())
+		}
+		// Bounded observation: a server re-sending the rejected version would be NACKed
+		// again within the node's NACK hold (250 ms, doubling), so 1 s would show it.
+		settled := srv.Stats.Pushes.Load()
+		for watch := time.Now(); time.Since(watch) < time.Second; time.Sleep(20 * time.Millisecond) {
+			if n, p := srv.Stats.NACKs.Load(), srv.Stats.Pushes.Load()-settled; n != 1 || p != 0 {
+				t.Fatalf("after the NACK: %d NACKs, %d more pushes", n, p)
+			}
+		}
+		if tb, err := tables("lb2"); err != nil || !reflect.DeepEqual(tb, good) {
+			t.Fatalf("the rejected view changed lb2's tables: %v %v, before %v", tb, err, good)
+		}
+		if seen, err := tp.reaches("cl2", faK); err != nil || seen["b2"] == 0 || seen["b3"] == 0 {
+			t.Fatalf("through lb2 after the NACK: %v %v", seen, err)
+		}
+
+		if err := srv.Update(file([]string{"b3"}, 0)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, faPushSlack, "lb2 applies the next good version (b3 only)", func() (bool, string) {
+			tb, err := tables("lb2")
+			return err == nil && slices.Equal(slices.Compact(slices.Sorted(slices.Values(tb["spread"].Table))), []string{fmt.Sprintf("spread/%s:%d", faHosts["b3"], faVIPPort)}), fmt.Sprint(tb, err)
+		})
+	})
+}
+
+// maxTime is the later of a and b.
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -43,11 +43,12 @@ type Loader struct {
 	// transition's time); rampBuilt: the ramp step its current tables were built for.
 	rampFrom  map[string]time.Time
 	rampBuilt map[string]int
-	// seen: each backend's last health transition of the loader's own checker, and gens:
-	// how many tables each VIP has had installed (the status page's since, reason and
-	// table generation).
-	seen map[string]health.Transition
-	gens map[string]uint64
+	// seen: each backend's last health transition of the loader's own checker, gens: how
+	// many distinct tables each VIP has had installed, and installed: the digest of the last
+	// (the status page's since, reason and table generation).
+	seen      map[string]health.Transition
+	gens      map[string]uint64
+	installed map[string]uint64
 	// natBackends: the backends of the last apply reached by NAT (the maintenance loop keeps
 	// their next hops resolved).
 	natBackends []*pools.Backend

@@ -4,8 +4,10 @@ package l4xdp
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"sort"
 	"time"
@@ -213,11 +215,16 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		}
 		if err := l.fw.SetVIP(vip); err != nil {
 			put("VIP "+s.Name, err)
-		} else {
+		} else if d := vipDigest(vip, ms, inPick); d != l.installed[s.Name] || l.gens[s.Name] == 0 {
+			// A rebuild that installs what was there (a hold's end, a verdict that moved
+			// nothing) is not a new generation: the status page's figure says when the
+			// table new flows follow changed.
 			if l.gens == nil {
 				l.gens = map[string]uint64{}
+				l.installed = map[string]uint64{}
 			}
 			l.gens[s.Name]++
+			l.installed[s.Name] = d
 		}
 		vips = append(vips, vip)
 	}
@@ -390,4 +397,31 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	if err := l.applyLocked(l.file); err != nil {
 		l.log.Error("rebuilding tables", zap.Error(err))
 	}
+}
+
+// vipDigest sums up what an installed VIP makes the program do (its address, flags, timeouts
+// and tables, and the weights weighted least connections reads from its members' slots),
+// so that an identical re-install is told from a change.
+func vipDigest(v VIP, ms []member, weights map[uint32]uint32) uint64 {
+	h := fnv.New64a()
+	var b [4]byte
+	word := func(x uint32) {
+		binary.LittleEndian.PutUint32(b[:], x)
+		h.Write(b[:])
+	}
+	h.Write([]byte(v.Addr.String()))
+	for _, x := range []uint32{v.ID, uint32(v.Proto), v.Flags, v.CIDLength, uint32(v.IdleTimeout / time.Second)} {
+		word(x)
+	}
+	for _, t := range [][]uint32{v.Table, v.Schedule, v.Pool} {
+		word(uint32(len(t)))
+		for _, x := range t {
+			word(x)
+		}
+	}
+	for _, m := range ms {
+		word(m.slot)
+		word(weights[m.slot])
+	}
+	return h.Sum64()
 }

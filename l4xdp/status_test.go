@@ -145,6 +145,12 @@ func TestLoaderStatus(t *testing.T) {
 		t.Fatalf("path forward: %d in the program, want at least the %d SYNs", pathsBefore["forward"], flows)
 	}
 
+	// The same file applied again installs the same tables: no new generation.
+	r.apply(l, file(""))
+	if g := *snapOf().Services[0].Generation; g != gen {
+		t.Fatalf("generation moved from %d to %d when the same tables were installed again", gen, g)
+	}
+
 	// A backend added ramps with slow start: the status shows the share the tables hold.
 	before := time.Now()
 	r.apply(l, file(`      - {address: 127.0.0.4:80, mac: "02:00:00:00:00:04", zone: zone-a}`))

@@ -1,6 +1,7 @@
 package l4xdp
 
 import (
+	"context"
 	"net"
 	"sync"
 	"time"
@@ -33,6 +34,9 @@ type Loader struct {
 	// back for a restart or a pools-file edit. After that, Unknown is routable.
 	lastDown  map[string]bool
 	holdUntil time.Time
+	// runCtx: the context of the last Apply, whose end stops the checkers (see
+	// stoppingLocked).
+	runCtx context.Context
 	// healthLog logs the own checker's transitions, a prober fault once per cause.
 	healthLog *healthlog.Logger
 	health    *health.Monitor // one checker per VIP service with a health_check

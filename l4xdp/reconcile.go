@@ -27,6 +27,7 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.external = nil // the loader's own checks decide
+	l.runCtx = ctx
 	// A checker (re)started by this apply has probed nothing yet: until its first verdicts
 	// can be in, a backend this loader had down stays down (see unhealthyLocked).
 	l.holdUntil = l.now().Add(firstVerdictHold(f))
@@ -354,6 +355,11 @@ func (l *Loader) unhealthyLocked(s *pools.Service, key string, b *pools.Backend)
 	if l.external != nil {
 		return l.externalDownLocked(s, key, b) // the control plane's verdict
 	}
+	if l.stoppingLocked() {
+		// The checkers stop with the context: a stopped one reads Unknown, which says
+		// nothing of the backend. A rebuild already under way keeps the last verdicts.
+		return l.lastDown[key]
+	}
 	st := l.health.View(s.Name, b.Identity()) // Unknown before the first Apply has started the checker
 	if st == health.Unknown && l.lastDown[key] && l.now().Before(l.holdUntil) {
 		if tr, ok := l.seen[key]; !ok || tr.To != health.Unknown {
@@ -391,6 +397,9 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	if l.external != nil || l.file == nil {
 		return // fed by a control plane: its verdicts, not this checker's, decide
 	}
+	if l.stoppingLocked() {
+		return
+	}
 	if tr.Healthy && tr.From == health.Unhealthy {
 		l.recoveredLocked(service+"/"+tr.ID, tr.At) // slow start ramps it up from then
 	}
@@ -398,6 +407,12 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 		l.log.Error("rebuilding tables", zap.Error(err))
 	}
 }
+
+// stoppingLocked says whether the context of the last Apply is done: the checkers are
+// stopping, and one already stopped reads Unknown (routable), which a rebuild would write
+// into the pinned backends that the next loader adopts as its last verdicts. A transition
+// still in flight then changes nothing.
+func (l *Loader) stoppingLocked() bool { return l.runCtx != nil && l.runCtx.Err() != nil }
 
 // vipDigest sums up what an installed VIP makes the program do (its address, flags, timeouts
 // and tables, and the weights weighted least connections reads from its members' slots),

@@ -123,7 +123,7 @@ func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 			case <-tick.C:
 			}
 			l.mu.Lock()
-			if now := l.now(); l.rampDueLocked(now) || l.holdEndedLocked(now) {
+			if now := l.now(); !l.stoppingLocked() && (l.rampDueLocked(now) || l.holdEndedLocked(now)) {
 				if err := l.applyLocked(l.file); err != nil {
 					l.log.Error("slow start: rebuilding tables", zap.Error(err))
 				}

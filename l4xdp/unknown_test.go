@@ -158,3 +158,48 @@ func TestOwnCheckerUnknownAfterDown(t *testing.T) {
 		time.Sleep(maintainTick / 5) // polling the map, not waiting for an outcome
 	}
 }
+
+// TestStoppingKeepsLastVerdicts: once the context of the last Apply is done, the checkers
+// stop and a stopped one reads Unknown. A rebuild still under way (a transition in flight,
+// the end of the first-verdict hold) must keep the last verdicts: a dead backend written
+// back as up would reach the next loader, which adopts the pinned flags as its last
+// verdicts and sends new flows to it. TestXDPEndToEnd's restart caught it one run in three.
+func TestStoppingKeepsLastVerdicts(t *testing.T) {
+	l := newFedLoader(t, "")
+	l.health = health.NewMonitor(l.onTransition) // no checker: every View is Unknown
+	t.Cleanup(l.health.Stop)
+	const b2 = "web/10.0.5.2:80"
+	f, err := pools.Parse("pools.yaml", []byte(fedFile(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.mu.Lock()
+	l.lastDown[b2] = true
+	l.holdUntil = l.now().Add(time.Hour)
+	l.runCtx = ctx
+	if err := l.applyLocked(f); err != nil {
+		t.Fatal(err)
+	}
+	l.file = f
+	l.mu.Unlock()
+	if slices.Contains(tableNames(t, l, "web"), b2) {
+		t.Fatal("a backend the loader had down is in the table during the hold")
+	}
+
+	cancel() // SIGTERM: the checkers stop
+	l.mu.Lock()
+	l.holdUntil = time.Time{} // the hold over: Unknown would be routable
+	l.mu.Unlock()
+	l.onTransition("web", health.Transition{ID: "10.0.5.1:80", To: health.Healthy, From: health.Unknown, Healthy: true, At: time.Now()})
+	l.mu.Lock()
+	err = l.applyLocked(f) // a rebuild already under way when the context ended
+	down := l.lastDown[b2]
+	l.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !down || slices.Contains(tableNames(t, l, "web"), b2) {
+		t.Fatalf("after the context ended, the down backend was written back as up (last verdict down: %v)", down)
+	}
+}

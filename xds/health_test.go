@@ -86,9 +86,19 @@ func TestCrossZoneOffHealthAndZoneShift(t *testing.T) {
 	}
 	waitHealthy(health.Healthy, 0, 1, 2)
 	cc := dialXDS(t, addr, "zone-a-client", "zone-a", "api")
-	if c := callsTo(ctx, t, cc, 60); c["b3"] != 0 || c["b1"] == 0 || c["b2"] == 0 {
-		t.Fatalf("cross_zone off: a zone-a client reached %v", c)
-	}
+	// least_request picks among READY subchannels only: until the client has connected to
+	// both zone-a backends every call may go to the first one, so wait until both answered
+	// (within 3s of the first call). Zone-b must never answer.
+	seen := map[string]int{}
+	eventually(t, 3*time.Second, "both zone-a backends reached, zone-b never", func() (bool, string) {
+		for b, n := range callsTo(ctx, t, cc, 20) {
+			seen[b] += n
+		}
+		if seen["b3"] != 0 {
+			t.Fatalf("cross_zone off: a zone-a client reached %v", seen)
+		}
+		return seen["b1"] > 0 && seen["b2"] > 0, fmt.Sprint(seen)
+	})
 	bs[0].srv.Stop()
 	waitHealthy(health.Unhealthy, 0)
 	// gRPC has no retries by default: calls in flight on the killed backend may fail until

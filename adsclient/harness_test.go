@@ -41,8 +41,8 @@ type testServer struct {
 	reqs []seen
 	// onRequest, when set, sees every request with its stream's node instead of the record.
 	onRequest func(node string, r *discoveryv3.DiscoveryRequest)
-	// onNACK, when set, runs on every NACK before the server answers it (a real control
-	// plane rolls the node back there).
+	// onNACK, when set, runs on every NACK before the server answers it and before the
+	// NACK is recorded (a real control plane rolls the node back there).
 	onNACK func(*discoveryv3.DiscoveryRequest)
 	opens  int
 }
@@ -58,15 +58,6 @@ func startServer(t testing.TB, addr string, cache cachev3.SnapshotCache, opts ..
 			s.mu.Lock()
 			s.opens++
 			s.mu.Unlock()
-			return nil
-		},
-		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
-			s.mu.Lock()
-			onNACK := s.onNACK
-			s.mu.Unlock()
-			if r.GetErrorDetail() != nil && onNACK != nil {
-				onNACK(r)
-			}
 			return nil
 		},
 	})
@@ -123,14 +114,20 @@ func (r *recordingStream) RecvMsg(m any) error {
 			r.node = req.GetNode().GetId()
 		}
 		r.s.mu.Lock()
-		on := r.s.onRequest
-		if on == nil {
-			r.s.reqs = append(r.s.reqs, seen{r.node, proto.Clone(req).(*discoveryv3.DiscoveryRequest), time.Now()})
-		}
+		onRequest, onNACK := r.s.onRequest, r.s.onNACK
 		r.s.mu.Unlock()
-		if on != nil {
-			on(r.node, req)
+		// The rollback runs before the NACK is recorded: a test that has seen a NACK may
+		// send the next version at once, and the rollback must not overwrite it.
+		if req.GetErrorDetail() != nil && onNACK != nil {
+			onNACK(req)
 		}
+		if onRequest != nil {
+			onRequest(r.node, req)
+			return nil
+		}
+		r.s.mu.Lock()
+		r.s.reqs = append(r.s.reqs, seen{r.node, proto.Clone(req).(*discoveryv3.DiscoveryRequest), time.Now()})
+		r.s.mu.Unlock()
 	}
 	return nil
 }

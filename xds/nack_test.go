@@ -106,3 +106,48 @@ func TestForgedNACKLeavesTheVictimAlone(t *testing.T) {
 		t.Fatalf("the victim is served version %s after a NACK it did not send, want 2", v)
 	}
 }
+
+// TestNACKAfterLateACKsRollsBack: a reload lands after a node has ACKed some types of
+// version 1 and before it has ACKed the others; their ACKs of version 1 arrive after the
+// server has moved the node to version 2. When the node then NACKs version 2, the server
+// must still roll it back to version 1, which it has by then ACKed on every type: without a
+// rollback the cache keeps offering version 2 and the node NACKs it again and again.
+func TestNACKAfterLateACKsRollsBack(t *testing.T) {
+	s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zaptest.NewLogger(t))
+	const sid = -1
+	if err := s.open(context.Background(), sid); err != nil {
+		t.Fatal(err)
+	}
+	node := &corev3.Node{Id: "late", Locality: &corev3.Locality{Zone: "zone-a"}}
+	key := ""
+	for _, typ := range typeURLs {
+		n, err := s.request(sid, node, typ, "", "", false, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		key = n.GetId()
+	}
+	ack := func(typ, version string) {
+		t.Helper()
+		if _, err := s.request(sid, nil, typ, "nonce", "", false, version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack(resource.ClusterType, "1")
+	ack(resource.EndpointType, "1")
+	if err := s.Update(bigPools(t, 1, 4, 8080)); err != nil {
+		t.Fatal(err)
+	}
+	ack(resource.ListenerType, "1")
+	ack(resource.RouteType, "1")
+	if _, err := s.request(sid, nil, resource.ClusterType, "nonce", "cannot apply", true, "1"); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.cachedSnapshot(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, r, v := s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load(), snap.GetVersion(resource.ClusterType); n != 1 || r != 1 || v != "1" {
+		t.Fatalf("NACKs %d, rollbacks %d, served version %q; want 1, 1, \"1\"", n, r, v)
+	}
+}

@@ -64,7 +64,11 @@ type stream struct {
 	types    map[string]bool
 	current  *cachev3.Snapshot // last snapshot set for the stream
 	acked    *cachev3.Snapshot // last snapshot the stream acknowledged on every type it asked for
-	ackedBy  map[string]string // type URL -> version last ACKed
+	// pending are the snapshots set since acked, oldest first (at most maxPending): a node
+	// may ACK the last types of one version after the next was set, and that version must
+	// still become the one a NACK rolls back to.
+	pending []*cachev3.Snapshot
+	ackedBy map[string]string // type URL -> version last ACKed
 	// rejected is the version the stream NACKed: the server does not set it again for this
 	// stream (the cache alone would re-send it forever: a NACK carries the old version).
 	rejected string
@@ -469,6 +473,9 @@ func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
 		return
 	}
 	st.current = snap
+	if st.pending = append(st.pending, snap); len(st.pending) > maxPending {
+		st.pending = slices.Delete(st.pending, 0, len(st.pending)-maxPending)
+	}
 	if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, snap); err != nil {
 		s.log.Error("setting a snapshot", zap.String("node", st.node.ID), zap.Error(err))
 	}
@@ -551,17 +558,34 @@ func (s *Server) build(f *pools.File, n Node, version string, view HealthView) (
 	return snap, nil
 }
 
+// maxPending bounds the snapshots a stream remembers while it has not ACKed them: a node
+// ACKs within a few pushes, and one that lags further only loses its rollback target until
+// it ACKs a whole version again.
+const maxPending = 4
+
+// ackLocked records an ACK; the newest snapshot set for the stream that the node has now
+// ACKed on every type it asked for becomes the one a NACK rolls back to.
 func (s *Server) ackLocked(st *stream, typeURL, version string) {
 	st.ackedBy[typeURL] = version
-	if st.current == nil || version != st.current.GetVersion(typeURL) {
+	for i := len(st.pending) - 1; i >= 0; i-- {
+		snap := st.pending[i]
+		if version != snap.GetVersion(typeURL) || !s.ackedAllLocked(st, snap) {
+			continue
+		}
+		st.acked = snap
+		st.pending = slices.Delete(st.pending, 0, i+1)
 		return
 	}
+}
+
+// ackedAllLocked reports whether the stream's last ACK of every type it asked for is snap's.
+func (s *Server) ackedAllLocked(st *stream, snap *cachev3.Snapshot) bool {
 	for t := range st.types {
-		if st.ackedBy[t] != st.current.GetVersion(t) {
-			return
+		if st.ackedBy[t] != snap.GetVersion(t) {
+			return false
 		}
 	}
-	st.acked = st.current
+	return true
 }
 
 // nackLocked logs and counts a rejection and returns the stream, and only it, to the last
@@ -579,7 +603,7 @@ func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
 	s.log.Warn("node rejected a snapshot", zap.String("node", st.node.ID), zap.Int64("stream", st.id), zap.String("type", typeURL),
 		zap.String("version", rejected), zap.String("nonce", nonce), zap.String("error", detail))
 	if st.acked != nil {
-		st.current = st.acked
+		st.current, st.pending = st.acked, nil
 		s.Stats.Rollbacks.Add(1)
 		if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, st.acked); err != nil {
 			s.log.Error("rolling back", zap.String("node", st.node.ID), zap.Error(err))

@@ -114,7 +114,7 @@ func TestStatusHandlerLive(t *testing.T) {
 		}
 		health_uri /
 		health_interval 100ms
-		health_timeout 100ms
+		health_timeout 1s
 	}
 }
 :%d {
@@ -165,8 +165,8 @@ func TestStatusHandlerLive(t *testing.T) {
 	if svc.Load.NewSessionsTotal == nil || *svc.Load.NewSessionsTotal != 5 {
 		t.Fatalf("new sessions total %v, want 5", svc.Load.NewSessionsTotal)
 	}
-	if !svc.HealthCheck.Active || svc.HealthCheck.Bound != "200ms" {
-		t.Fatalf("health check: %+v, want active, bound 100ms x 1 + 100ms", svc.HealthCheck)
+	if !svc.HealthCheck.Active || svc.HealthCheck.Bound != "1.1s" {
+		t.Fatalf("health check: %+v, want active, bound 100ms x 1 + 1s", svc.HealthCheck)
 	}
 	if len(svc.Backends) != 3 {
 		t.Fatalf("backends: %+v", svc.Backends)
@@ -194,7 +194,8 @@ func TestStatusHandlerLive(t *testing.T) {
 	// Kill b3: Caddy's active check marks it down, and the event gives the time.
 	killedAt := time.Now()
 	kill3()
-	statusWait(t, 200*time.Millisecond+2*time.Second, "b3 unhealthy in status.json", func() (bool, string) {
+	// The killed backend refuses at once; the bound (interval x fails + timeout) plus 2 s.
+	statusWait(t, 1100*time.Millisecond+2*time.Second, "b3 unhealthy in status.json", func() (bool, string) {
 		b := backendByID(statusSnap(t, base+"status.json").Services[0], a3)
 		return b.Health.State == status.Unhealthy && b.Health.Since != nil, fmt.Sprintf("%+v", b.Health)
 	})

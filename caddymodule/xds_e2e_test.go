@@ -226,7 +226,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	t.Setenv("STICKYLB_XDS_TEST_SECRET", testSecret)
 	b0, b1, b2 := startE2EBackend(t, "b0"), startE2EBackend(t, "b1"), startE2EBackend(t, "b2")
-	dead := fmt.Sprintf("127.0.0.1:%d", loopback.FreePort(t)) // nothing answers there
+	dead := loopback.Refused(t) // nothing answers there
 	entry := func(addr, extra string) string { return "address: " + addr + extra }
 	cp := startE2EControlPlane(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ""), entry(b2.addr(), ""), entry(dead, "")))
 

@@ -231,8 +231,10 @@ func post(t *testing.T, u string) {
 // sessions re-pin. No request may fail at any point.
 func TestCaddyKillPinnedBackendUnderLoad(t *testing.T) {
 	bs := startBackends(t, 3)
-	// Health: interval 200ms, 1 failure, timeout 150ms: down within ~350ms plus slack.
-	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\tlb_retries 3\n\t\tlb_try_interval 10ms\n\t\thealth_uri /health\n\t\thealth_interval 200ms\n\t\thealth_timeout 150ms\n\t\thealth_fails 1")
+	// Health: interval 200ms, 1 failure: the killed backend refuses at once, so it is down
+	// within ~200ms plus slack; the timeout of 1s keeps a check of a live backend, slowed by
+	// the 30 clients on a loaded machine, from marking it down.
+	base := serve(t, bs, "\t\tlb_policy sticky_cookie {\n secret "+secret+"\n }\n\t\tlb_retries 3\n\t\tlb_try_interval 10ms\n\t\thealth_uri /health\n\t\thealth_interval 200ms\n\t\thealth_timeout 1s\n\t\thealth_fails 1")
 	const n = 30
 	cs := make([]*client, n)
 	pinned := make([]string, n)

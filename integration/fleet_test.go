@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,6 +193,13 @@ func TestFleetXDPNodes(t *testing.T) {
 		}
 		return ""
 	}
+	// ends counts a node's ADS streams that ended (failed attempts included); endsBase is
+	// its count before the outage.
+	ends := func(lb string) int {
+		n, _ := strconv.Atoi(metric(lb, "stickylb_xds_stream_ends_total"))
+		return n
+	}
+	endsBase := map[string]int{}
 	var cp *loaderProc
 
 	tp.phase("start", func(t *testing.T) {
@@ -346,6 +354,9 @@ func TestFleetXDPNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		for _, lb := range []string{"lb", "lb2"} {
+			endsBase[lb] = ends(lb)
+		}
 		cp.kill()
 		for _, lb := range []string{"lb", "lb2"} {
 			waitFor(t, 5*time.Second, lb+" sees the control plane gone", func() (bool, string) {
@@ -369,6 +380,7 @@ func TestFleetXDPNodes(t *testing.T) {
 	tp.phase("a node restarted while the control plane is down serves its last view", func(t *testing.T) {
 		nodes["lb2"].stop()
 		nodes["lb2"] = startNode("lb2")
+		endsBase["lb2"] = 0 // a new process: its count and its backoff start over
 		if seen, err := tp.reaches("cl2", 20); err != nil || seen["b1"] != 0 || len(seen) != 2 {
 			t.Fatalf("through the restarted lb2: %v %v", seen, err)
 		}
@@ -382,8 +394,13 @@ func TestFleetXDPNodes(t *testing.T) {
 	tp.phase("the control plane back: nodes reconnect and converge", func(t *testing.T) {
 		tp.writeFile(poolsFile, fleetPools("b1", "b3"))
 		cp = startCP()
+		restarted := time.Now()
+		// A node's pending wait grows with the attempts that failed during the outage (its
+		// stream ends; one more may have ended as the port opened), up to the backoff's
+		// ceiling: that, plus the push slack, from the restart.
 		for _, lb := range []string{"lb", "lb2"} {
-			waitFor(t, 10*time.Second, lb+" reconnected", func() (bool, string) {
+			by := restarted.Add(adsReconnectBound(ends(lb)-endsBase[lb]+1) + faPushSlack)
+			waitFor(t, time.Until(by), lb+" reconnected", func() (bool, string) {
 				v := metric(lb, "stickylb_xds_connected")
 				return v == "1", v
 			})

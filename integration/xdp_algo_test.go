@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/l4xdp"
 )
 
 // The XDP forwarder's algorithms, zones and slow start end to end, on newTopo's network:
@@ -114,10 +116,23 @@ func TestXDPAlgorithms(t *testing.T) {
 		restart(algoService("    balance: weighted_least_conn\n", "b1:1"))
 		held, _ := tp.openN(6, true) // long-lived, all on b1
 		tp.writeFile(poolsFile, algoService("    balance: weighted_least_conn\n", "b1:1", "b2:1", "b3:1"))
-		b3 := "algo/" + hosts["b3"].v4 + ":80"
+		// The backends' names are written first and the VIP's table and pool last: wait for
+		// the table, so that the next connections meet the new pool.
 		tp.eventually("the edit adding b2 and b3 applied", 5*time.Second, func() bool {
-			_, ok := tp.xdpStats(bin).ActiveBackends[b3]
-			return ok
+			ts, err := l4xdp.PinnedTables(l4xdp.Config{Iface: "eth0", PinRoot: tp.pinFS})
+			if err != nil {
+				return false
+			}
+			in := map[string]bool{}
+			for _, name := range ts["algo"].Table {
+				in[name] = true
+			}
+			for _, h := range []string{"b1", "b2", "b3"} {
+				if !in["algo/"+hosts[h].v4+":80"] {
+					return false
+				}
+			}
+			return true
 		})
 		more, seen := tp.openN(12, true)
 		if seen["b1"] != 0 {

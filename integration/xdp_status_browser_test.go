@@ -87,11 +87,15 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	// Verdicts: the first probe within interval/10, its result within the timeout; 2 s slack.
-	waitFor(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on the three backends", func() (bool, string) {
+	// The checker's state shows before the loader's callback has rebuilt the table without
+	// the refused backend (generation 2), so the wait is on both: the SYNs below must meet
+	// that table.
+	waitFor(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on the three backends, applied", func() (bool, string) {
 		s := fetchSnapshot(t, srv.URL+"/status.json")
 		bs := s.Services[0].Backends
-		return bs[0].Health.State == status.Healthy && bs[1].Health.State == status.Unhealthy && bs[2].Health.State == status.Unhealthy,
-			fmt.Sprintf("%+v", bs)
+		g := s.Services[0].Generation
+		return bs[0].Health.State == status.Healthy && bs[1].Health.State == status.Unhealthy && bs[2].Health.State == status.Unhealthy &&
+			g != nil && *g >= 2, fmt.Sprintf("generation %v, %+v", g, bs)
 	})
 	const flows = 17
 	for i := 0; i < flows; i++ {

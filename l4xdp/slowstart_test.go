@@ -35,9 +35,11 @@ func TestSlowStartSteps(t *testing.T) {
 		elapsed time.Duration
 		want    uint32
 	}{
-		{2*time.Second + 400*time.Millisecond, 20}, // step 4 of 20: 2 s
-		{5 * time.Second, 50},
-		{9*time.Second + 999*time.Millisecond, 95}, // the last step
+		// Each case sits 250 ms into its step (steps of 500 ms), so the time applyLocked
+		// takes to read the clock again cannot carry it into the next step.
+		{2*time.Second + 250*time.Millisecond, 20}, // step 4 of 20: 2 s
+		{5*time.Second + 250*time.Millisecond, 50},
+		{9*time.Second + 750*time.Millisecond, 95}, // the last step
 		{10 * time.Second, 100},                    // done
 	} {
 		l.rampFrom[key] = time.Now().Add(-tc.elapsed)

@@ -56,13 +56,17 @@ func TestLoaderStatus(t *testing.T) {
 		return &out
 	}
 	// The first probe comes within interval/10, its verdict within the timeout after; 2 s
-	// of slack.
+	// of slack. The checker's state shows before the loader has applied the verdict (its
+	// callback rebuilds the table and records when the state changed), so the wait is on
+	// both.
 	var snap *status.Snapshot
-	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on every backend (the draining one is probed too)", func() (bool, string) {
+	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on every backend (the draining one is probed too), applied", func() (bool, string) {
 		snap = snapOf()
 		bs := snap.Services[0].Backends
-		return bs[0].Health.State == status.Healthy && bs[1].Health.State == status.Unhealthy && bs[2].Health.State == status.Unhealthy,
-			fmt.Sprintf("%+v", bs)
+		g := snap.Services[0].Generation
+		return bs[0].Health.State == status.Healthy && bs[1].Health.State == status.Unhealthy && bs[2].Health.State == status.Unhealthy &&
+				g != nil && *g >= 2 && bs[0].Health.Since != nil && bs[1].Health.Since != nil,
+			fmt.Sprintf("generation %v, %+v", g, bs)
 	})
 	if snap.Tier != status.TierXDP || len(snap.Services) != 1 {
 		t.Fatalf("snapshot: %+v", snap)

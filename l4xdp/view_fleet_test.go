@@ -299,8 +299,10 @@ func TestFedZones(t *testing.T) {
 // loader fed by a control plane too): a backend recovered just now rises from the floor
 // to its full weight within the window, plus the loop's tick and a stated slack.
 func TestFedSlowStartStepsWithoutViews(t *testing.T) {
-	const window = time.Second
-	src := strings.Replace(fedFile(2), "window: 2000s", "window: 1s", 1)
+	// 4 s: the feed below must land within the first half of the window however loaded the
+	// machine, and the polls must see many steps of 200 ms each.
+	const window = 4 * time.Second
+	src := strings.Replace(fedFile(2), "window: 2000s", "window: 4s", 1)
 	l := newFedLoader(t, "")
 	const b2 = "web/10.0.5.2:80"
 	feed(t, l, src, map[string]fleetview.Verdict{b2: {State: health.Unhealthy}})

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -229,29 +230,48 @@ func TestNodeChurnLeavesNoState(t *testing.T) {
 	prewarmGoroutines(4 * transient)
 	quiet := churn(ctx, t, f, 0, 1)
 	busy := churn(ctx, t, f, transient, zones)
+	// Each pair of reloads (quiet, then busy) runs back to back, so a burst of load on the
+	// shared machine mostly weighs on both; the figure compared is the median of the pairs'
+	// ratios, which one burst cannot move. The views a reload builds are counted too: that
+	// figure does not depend on the machine at all.
 	reload := [2]time.Duration{time.Hour, time.Hour}
+	var ratios []float64
+	var builds [2]uint64
 	for i := 0; i < 30; i++ {
 		next := g
 		if i/2%2 == 1 {
 			next = f
 		}
 		s := []*Server{quiet.s, busy.s}[i%2]
+		before := s.Stats.Builds.Load()
 		start := time.Now()
 		if err := s.Update(next); err != nil {
 			t.Fatal(err)
 		}
-		reload[i%2] = min(reload[i%2], time.Since(start))
+		took := time.Since(start)
+		builds[i%2] = s.Stats.Builds.Load() - before
+		reload[i%2] = min(reload[i%2], took)
+		if i%2 == 0 {
+			ratios = append(ratios, float64(took))
+		} else {
+			ratios[len(ratios)-1] = float64(took) / ratios[len(ratios)-1]
+		}
 	}
-	t.Logf("10 nodes only: %.1f MB retained (process heap %.1f MB), reload %s; after %d transient nodes: %.1f MB (process heap %.1f MB), reload %s, state freed %v",
-		float64(quiet.retained)/1e6, float64(quiet.absolute)/1e6, reload[0], transient, float64(busy.retained)/1e6, float64(busy.absolute)/1e6, reload[1], busy.freed)
+	slices.Sort(ratios)
+	ratio := ratios[len(ratios)/2]
+	t.Logf("10 nodes only: %.1f MB retained (process heap %.1f MB), reload %s (%d views built); after %d transient nodes: %.1f MB (process heap %.1f MB), reload %s (%d views built), median ratio %.2f, state freed %v",
+		float64(quiet.retained)/1e6, float64(quiet.absolute)/1e6, reload[0], builds[0], transient, float64(busy.retained)/1e6, float64(busy.absolute)/1e6, reload[1], builds[1], ratio, busy.freed)
+	if builds[1] > builds[0] {
+		t.Errorf("a reload after the churn built %d views, a quiet server's %d", builds[1], builds[0])
+	}
 	if !busy.freed {
 		t.Errorf("the closed streams' nodes are still listed")
 	}
 	if float64(busy.retained) > 1.5*float64(quiet.retained) {
 		t.Errorf("retained %.1f MB after the churn, more than 1.5x the %.1f MB of a quiet server", float64(busy.retained)/1e6, float64(quiet.retained)/1e6)
 	}
-	if reload[1] > 2*reload[0] {
-		t.Errorf("a reload took %s after the churn, more than 2x the %s of a quiet server", reload[1], reload[0])
+	if ratio > 2 {
+		t.Errorf("a reload after the churn took %.2fx the time of the quiet server's beside it (median of %d pairs; fastest %s vs %s), more than 2x", ratio, len(ratios), reload[1], reload[0])
 	}
 }
 

@@ -98,8 +98,17 @@ func TestFleetStatusJSON(t *testing.T) {
 	eventually(t, 5*time.Second, "both nodes ACK their views", func() (bool, string) {
 		v, _, _ := x.last()
 		snap = getStatus(t, h.URL)
-		return v != nil && len(snap.Nodes) == 2 && snap.Nodes[1].Versions["endpoint"] != "" && snap.Nodes[0].Versions["cluster"] != "",
-			fmt.Sprintf("%+v", snap.Nodes)
+		if v == nil || len(snap.Nodes) != 2 || snap.Nodes[1].Versions["endpoint"] == "" || snap.Nodes[0].Versions["endpoint"] == "" ||
+			snap.Nodes[0].Versions["cluster"] == "" {
+			return false, fmt.Sprintf("%+v", snap.Nodes)
+		}
+		// Every ACK in: the page's versions are then the streams' (compared below).
+		for _, n := range snap.Nodes {
+			if fmt.Sprint(n.Versions) != fmt.Sprint(ackedOf(n.ID)) {
+				return false, fmt.Sprintf("node %s versions %v, its stream's %v", n.ID, n.Versions, ackedOf(n.ID))
+			}
+		}
+		return true, ""
 	})
 	if err := snap.Validate(); err != nil {
 		t.Fatal(err)
@@ -184,7 +193,7 @@ func TestFleetStatusLastCheck(t *testing.T) {
 			c.Close()
 		}
 	}()
-	up, refused := ln.Addr().String(), fmt.Sprintf("127.0.0.1:%d", loopback.FreePort(t))
+	up, refused := ln.Addr().String(), loopback.Refused(t)
 	f := poolstest.Parse(t, fmt.Sprintf(`services:
   - name: web
     protocol: tcp

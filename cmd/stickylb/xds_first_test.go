@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/policies/health"
 )
 
@@ -30,12 +31,7 @@ func TestXDSFirstEDSHasNoStartupUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer up.Close()
-	gone, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := gone.Addr().String()
-	gone.Close() // refused: a dead backend
+	down := loopback.Refused(t) // a dead backend
 	hc := health.Config{Protocol: health.TCP, Interval: 2 * time.Second, Timeout: time.Second}
 	p := write(t, "pools.yaml", fmt.Sprintf(`services:
   - name: web

@@ -3,6 +3,8 @@ package loopback
 
 import (
 	"net"
+	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -27,4 +29,24 @@ func FreePort(tb testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Refused returns a loopback address where a TCP connection is refused for the whole test:
+// a socket bound to the port but not listening holds it, so no other test can start
+// listening there, as one could on a port that was merely closed.
+func Refused(tb testing.TB) string {
+	tb.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatalf("loopback: a socket to hold a refused port: %v", err)
+	}
+	tb.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		tb.Fatalf("loopback: binding a refused port: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		tb.Fatalf("loopback: the refused port's address: %v", err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
 }

@@ -1,8 +1,10 @@
 package loopback
 
 import (
+	"errors"
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -17,5 +19,21 @@ func TestFreePortCanBeListenedOn(t *testing.T) {
 func TestListenIsOnLoopback(t *testing.T) {
 	if ip := Listen(t).Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
 		t.Fatalf("listening on %s, want loopback", ip)
+	}
+}
+
+func TestRefusedRefusesAndHoldsThePort(t *testing.T) {
+	addr := Refused(t)
+	c, err := net.Dial("tcp", addr)
+	if err == nil {
+		c.Close()
+		t.Fatalf("a connection to %s was accepted", addr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dialing %s: %v, want connection refused", addr, err)
+	}
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("another listener could take %s", addr)
 	}
 }

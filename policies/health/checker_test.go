@@ -245,7 +245,9 @@ func TestSetTargetsRejectsBadInput(t *testing.T) {
 // than buf + 1 + targets transitions.
 func TestSlowSubscriberDoesNotStall(t *testing.T) {
 	const n, rounds, slowBuf = 4, 6, 1
-	cfg := Config{Protocol: HTTP, Path: "/", Interval: 100 * time.Millisecond, Timeout: 80 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 1}
+	// A threshold of 1 turns one slow probe into a transition: the timeout leaves a
+	// loopback HTTP probe room even under -race on a loaded machine.
+	cfg := Config{Protocol: HTTP, Path: "/", Interval: 250 * time.Millisecond, Timeout: 200 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 1}
 	c, err := NewChecker(cfg, AllowShortIntervals())
 	if err != nil {
 		t.Fatal(err)
@@ -300,17 +302,21 @@ func TestSlowSubscriberDoesNotStall(t *testing.T) {
 		reach(healthy)
 	}
 
-	perTarget := map[string]int{}
 	for _, tr := range fast.all() {
-		perTarget[tr.ID]++
 		if tr.Coalesced != 0 {
 			t.Errorf("fast subscriber lost transitions: %+v", tr)
 		}
 	}
-	// Now read the slow subscriber until every transition is accounted for.
+	// Now read the slow subscriber until every transition the fast one has seen is
+	// accounted for (the probes go on meanwhile: both see any later one).
 	var got []Transition
 	delivered := map[string]int{}
+	perTarget := map[string]int{}
 	accounted := func() bool {
+		clear(perTarget)
+		for _, tr := range fast.all() {
+			perTarget[tr.ID]++
+		}
 		for _, tg := range targets {
 			if delivered[tg.ID] != perTarget[tg.ID] {
 				return false
@@ -324,6 +330,7 @@ func TestSlowSubscriberDoesNotStall(t *testing.T) {
 		case tr := <-slow:
 			got = append(got, tr)
 			delivered[tr.ID] += 1 + tr.Coalesced
+		case <-time.After(10 * time.Millisecond): // the fast collector may be behind: count again
 		case <-deadline:
 			t.Fatalf("slow subscriber: accounted %v of %v; got %+v", delivered, perTarget, got)
 		}

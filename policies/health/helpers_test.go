@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/internal/testwait"
 )
 
@@ -152,14 +153,8 @@ func (b *tcpBackend) up() {
 	b.serve(ln)
 }
 
-// closedPort returns a 127.0.0.1 address nothing listens on.
+// closedPort returns a 127.0.0.1 address that refuses connections for the whole test.
 func closedPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return loopback.Refused(t)
 }

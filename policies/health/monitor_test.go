@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,12 +10,7 @@ import (
 // Monitor: an edit keeps the checker (and its verdicts) of a service whose
 // health_check did not change, and starts afresh one whose health_check did.
 func TestMonitorKeepsCheckersAcrossEdits(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // refused from now on
+	dead := closedPort(t)
 	// A pools file's service "a": tcp checks, unhealthy after one failure.
 	file := func(interval time.Duration, backends ...string) []Service {
 		s := Service{Name: "a", Config: Config{Protocol: TCP, Interval: interval, Timeout: 500 * time.Millisecond, UnhealthyThreshold: 1}}

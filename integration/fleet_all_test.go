@@ -196,6 +196,23 @@ func adsReconnectBound(ends int) time.Duration {
 	return min(c, faADSMax)
 }
 
+// adsReconnectBy is when, at the latest, an ADS node whose stream ended ended times during
+// a control plane's outage is connected again to the control plane restarted at restarted:
+// one more attempt may have ended as the port opened, so its pending wait is at most the
+// backoff's ceiling after ended+1 ends, plus the push slack.
+func adsReconnectBy(restarted time.Time, ended int) time.Time {
+	return restarted.Add(adsReconnectBound(ended+1) + faPushSlack)
+}
+
+// tableBackends is the set of names in a VIP's table ("" among them when a slot is empty).
+func tableBackends(vt l4xdp.VIPTable) map[string]bool {
+	in := map[string]bool{}
+	for _, n := range vt.Table {
+		in[n] = true
+	}
+	return in
+}
+
 // grpcReconnectBound bounds how long grpc-go takes to reach a control plane back after an
 // outage of d. It backs off by gRPC's defaults (1 s, x1.6 per failure, +-20% jitter, at
 // most 120 s): the wait pending when the server returns, the n-th, began within d of the
@@ -297,10 +314,7 @@ func TestFleetAllTiers(t *testing.T) {
 		if !reflect.DeepEqual(a, b) {
 			return false, "the nodes' tables differ"
 		}
-		in, wantSet := map[string]bool{}, map[string]bool{}
-		for _, n := range a["spread"].Table {
-			in[n] = true
-		}
+		in, wantSet := tableBackends(a["spread"]), map[string]bool{}
 		for _, h := range want {
 			wantSet[fmt.Sprintf("spread/%s:%d", faHosts[h], faVIPPort)] = true
 		}
@@ -662,8 +676,7 @@ http://%s {
 		reconnectBy := map[string]time.Time{}
 		lastReconnect := restarted
 		for _, n := range adsNodes {
-			// One more failed attempt may have ended as the port opened.
-			reconnectBy[n] = restarted.Add(adsReconnectBound(ends(n)-endsBase[n]+1) + faPushSlack)
+			reconnectBy[n] = adsReconnectBy(restarted, ends(n)-endsBase[n])
 			lastReconnect = maxTime(lastReconnect, reconnectBy[n])
 		}
 		reconnected := map[string]time.Duration{}

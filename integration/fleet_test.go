@@ -174,11 +174,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		if !reflect.DeepEqual(a, b) {
 			return false, fmt.Sprintf("lb %d VIPs, lb2 %d VIPs; tables differ (down lb %v, lb2 %v)", len(a), len(b), a["spread"].Down, b["spread"].Down)
 		}
-		in := map[string]bool{}
-		for _, n := range a["spread"].Table {
-			in[n] = true
-		}
-		wantSet := map[string]bool{}
+		in, wantSet := tableBackends(a["spread"]), map[string]bool{}
 		for _, h := range want {
 			wantSet["spread/"+fleetHosts[h]+":80"] = true
 		}
@@ -395,11 +391,9 @@ func TestFleetXDPNodes(t *testing.T) {
 		tp.writeFile(poolsFile, fleetPools("b1", "b3"))
 		cp = startCP()
 		restarted := time.Now()
-		// A node's pending wait grows with the attempts that failed during the outage (its
-		// stream ends; one more may have ended as the port opened), up to the backoff's
-		// ceiling: that, plus the push slack, from the restart.
+		// A node's pending wait grows with the attempts that failed during the outage.
 		for _, lb := range []string{"lb", "lb2"} {
-			by := restarted.Add(adsReconnectBound(ends(lb)-endsBase[lb]+1) + faPushSlack)
+			by := adsReconnectBy(restarted, ends(lb)-endsBase[lb])
 			waitFor(t, time.Until(by), lb+" reconnected", func() (bool, string) {
 				v := metric(lb, "stickylb_xds_connected")
 				return v == "1", v

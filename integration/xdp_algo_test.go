@@ -123,10 +123,7 @@ func TestXDPAlgorithms(t *testing.T) {
 			if err != nil {
 				return false
 			}
-			in := map[string]bool{}
-			for _, name := range ts["algo"].Table {
-				in[name] = true
-			}
+			in := tableBackends(ts["algo"])
 			for _, h := range []string{"b1", "b2", "b3"} {
 				if !in["algo/"+hosts[h].v4+":80"] {
 					return false

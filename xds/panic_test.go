@@ -84,13 +84,13 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 	// The monitor's view changes before its callback has republished, and a client that
 	// has not yet applied the new endpoints still routes on the old ones: so each phase
 	// waits for the gauge and for the client to ACK newer endpoints before it calls.
-	published := func(what, want string, since string) {
+	published := func(what, want, since string) {
 		eventually(t, 3*time.Second, what+": "+want, func() (bool, string) {
 			g := gauge()
 			return g == want, g
 		})
 		eventually(t, 3*time.Second, what+": the client ACKs newer endpoints", func() (bool, string) {
-			v := ackedEndpoints(s, "fail-open-client")
+			v := ackedOf(s, "fail-open-client")["endpoint"]
 			return v != "" && v != since, "endpoint version " + v
 		})
 	}
@@ -98,13 +98,13 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 	if g := gauge(); g != `stickylb_panic{service="api"} 0` {
 		t.Fatalf("healthy: %s", g)
 	}
-	before := ackedEndpoints(s, "fail-open-client")
+	before := ackedOf(s, "fail-open-client")["endpoint"]
 	hp.Close() // every backend's health check now fails
 	all(health.Unhealthy)
 	published("every backend down", `stickylb_panic{service="api"} 1`, before)
 	took := eventually(t, 3*time.Second, "calls with every backend down (fail open)", routes)
 	t.Logf("every backend down: the client routes to them %s after it applied the panic view", took.Round(time.Millisecond))
-	before = ackedEndpoints(s, "fail-open-client")
+	before = ackedOf(s, "fail-open-client")["endpoint"]
 	back, err := net.Listen("tcp", hp.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -113,16 +113,6 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 	all(health.Healthy)
 	published("recovered", `stickylb_panic{service="api"} 0`, before)
 	eventually(t, 3*time.Second, "calls after the recovery", routes)
-}
-
-// ackedEndpoints is the endpoint version node id has ACKed on its stream, "" before any.
-func ackedEndpoints(s *Server, id string) string {
-	for _, n := range s.Status().Nodes {
-		if n.ID == id {
-			return n.Versions["endpoint"]
-		}
-	}
-	return ""
 }
 
 // TestPanicStatuses: in panic the non-draining backends are published UNKNOWN; a draining

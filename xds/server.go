@@ -569,7 +569,7 @@ func (s *Server) ackLocked(st *stream, typeURL, version string) {
 	st.ackedBy[typeURL] = version
 	for i := len(st.pending) - 1; i >= 0; i-- {
 		snap := st.pending[i]
-		if version != snap.GetVersion(typeURL) || !s.ackedAllLocked(st, snap) {
+		if version != snap.GetVersion(typeURL) || !st.ackedAll(snap) {
 			continue
 		}
 		st.acked = snap
@@ -578,8 +578,9 @@ func (s *Server) ackLocked(st *stream, typeURL, version string) {
 	}
 }
 
-// ackedAllLocked reports whether the stream's last ACK of every type it asked for is snap's.
-func (s *Server) ackedAllLocked(st *stream, snap *cachev3.Snapshot) bool {
+// ackedAll reports whether the stream's last ACK of every type it asked for is snap's; the
+// server's mu is held.
+func (st *stream) ackedAll(snap *cachev3.Snapshot) bool {
 	for t := range st.types {
 		if st.ackedBy[t] != snap.GetVersion(t) {
 			return false

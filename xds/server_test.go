@@ -33,6 +33,23 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() (bo
 	return testwait.Until(t, within, 20*time.Millisecond, what, cond)
 }
 
+// ackedOf is the version node id's stream has ACKed of each type, by short type name
+// ("cluster", "endpoint", ...), from the server's own state; nil when it has no stream.
+func ackedOf(s *Server, id string) map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.streams {
+		if st.admitted && st.node.ID == id {
+			out := map[string]string{}
+			for t, v := range st.ackedBy {
+				out[shortType(t)] = v
+			}
+			return out
+		}
+	}
+	return nil
+}
+
 // spread calls n keys once each and counts the backends that answered.
 func spread(ctx context.Context, t *testing.T, cc *grpc.ClientConn, n int) (map[string]int, error) {
 	counts := map[string]int{}

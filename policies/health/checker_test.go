@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/internal/testwait"
 )
 
@@ -107,7 +108,7 @@ func TestFirstProbeIsPrompt(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := newTCPBackend(t)
-	refused := closedPort(t)
+	refused := loopback.Refused(t)
 	if err := c.SetTargets([]Target{{ID: "up", Address: up.addr}, {ID: "refused", Address: refused}}); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestSetTargetsAddRemoveKeep(t *testing.T) {
 
 	// Same ID, new address: a new target, starting from unknown.
 	mark := len(col.all())
-	refused := closedPort(t)
+	refused := loopback.Refused(t)
 	if err := c.SetTargets([]Target{{ID: "b", Address: refused}}); err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +367,7 @@ func TestRunStopsEverything(t *testing.T) {
 	for i := range 5 {
 		targets = append(targets, Target{ID: fmt.Sprintf("hang%d", i), Address: hang.addr})
 	}
-	targets = append(targets, Target{ID: "refused", Address: closedPort(t)})
+	targets = append(targets, Target{ID: "refused", Address: loopback.Refused(t)})
 	if err := c.SetTargets(targets); err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +387,7 @@ func TestRunStopsEverything(t *testing.T) {
 	fast.waitTransition(t, 3*time.Second, 0, "refused unhealthy", func(tr Transition) bool { return tr.ID == "refused" })
 	// A second refused target would fill the slow channel; add one so the
 	// pump goroutine exists when Run stops.
-	if err := c.SetTargets(append(targets, Target{ID: "refused2", Address: closedPort(t)})); err != nil {
+	if err := c.SetTargets(append(targets, Target{ID: "refused2", Address: loopback.Refused(t)})); err != nil {
 		t.Fatal(err)
 	}
 	fast.waitTransition(t, 3*time.Second, 0, "refused2 unhealthy", func(tr Transition) bool { return tr.ID == "refused2" })

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/loopback"
 	"github.com/stickylb/stickylb/internal/testwait"
 )
 
@@ -151,10 +150,4 @@ func (b *tcpBackend) up() {
 		b.t.Fatalf("re-listen on %s: %v", b.addr, err)
 	}
 	b.serve(ln)
-}
-
-// closedPort returns a 127.0.0.1 address that refuses connections for the whole test.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	return loopback.Refused(t)
 }

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/loopback"
 )
 
 // httpBackend is a real HTTP server on 127.0.0.1 whose answer a test flips.
@@ -198,7 +200,7 @@ func TestHTTPTimeout(t *testing.T) {
 func TestHTTPRefusedAndPortOverride(t *testing.T) {
 	b := newHTTPBackend(t)
 	_, port, _ := net.SplitHostPort(b.addr)
-	refused := closedPort(t)
+	refused := loopback.Refused(t)
 	ok, result, _ := probeHTTP(t, Config{Protocol: HTTP, Timeout: time.Second}, refused)
 	if ok || result != "http: connection refused" {
 		t.Errorf("closed port: ok=%v %q", ok, result)

@@ -5,12 +5,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/loopback"
 )
 
 // Monitor: an edit keeps the checker (and its verdicts) of a service whose
 // health_check did not change, and starts afresh one whose health_check did.
 func TestMonitorKeepsCheckersAcrossEdits(t *testing.T) {
-	dead := closedPort(t)
+	dead := loopback.Refused(t)
 	// A pools file's service "a": tcp checks, unhealthy after one failure.
 	file := func(interval time.Duration, backends ...string) []Service {
 		s := Service{Name: "a", Config: Config{Protocol: TCP, Interval: interval, Timeout: 500 * time.Millisecond, UnhealthyThreshold: 1}}

@@ -12,6 +12,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // TestBackoffGrowth: with the highest draw every wait is the ceiling, which doubles from
@@ -95,7 +96,7 @@ func TestReconnectBackoffResetsAfterHealthyStream(t *testing.T) {
 	rec := newRecorder()
 	c := newClient(t, Config{Server: addr, NodeID: "n", Backoff: Backoff{Initial: initial, Max: maxWait}}, rec,
 		func(c *Client) { c.after, c.rand = clock, func(n int64) int64 { return n - 1 } })
-	eventually(t, wait, "waits up to the cap", func() (bool, string) { return len(recorded()) >= 6, fmt.Sprint(recorded()) })
+	testwait.For(t, wait, "waits up to the cap", func() (bool, string) { return len(recorded()) >= 6, fmt.Sprint(recorded()) })
 	want := []time.Duration{initial, 2 * initial, 4 * initial, maxWait, maxWait, maxWait}
 	if got := recorded()[:6]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("waits while down = %v, want %v", got, want)
@@ -106,10 +107,10 @@ func TestReconnectBackoffResetsAfterHealthyStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startServer(t, addr, cache)
-	eventually(t, wait, "ACK", func() (bool, string) { return srv.acked("n", cds, "1"), "" })
+	testwait.For(t, wait, "ACK", func() (bool, string) { return srv.acked("n", cds, "1"), "" })
 	mark := len(recorded()) // the client is in a healthy stream: no wait is being taken
 	srv.g.Stop()
-	eventually(t, wait, "two waits after the stream", func() (bool, string) {
+	testwait.For(t, wait, "two waits after the stream", func() (bool, string) {
 		return len(recorded()) >= mark+2, fmt.Sprint(recorded())
 	})
 	if got := recorded()[mark : mark+2]; got[0] != initial || got[1] != 2*initial {

@@ -17,6 +17,7 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -52,7 +53,7 @@ func TestSubscribeACKAndNACK(t *testing.T) {
 	c := newClient(t, Config{Server: srv.addr, NodeID: node, Zone: "zone-a", UserAgentName: "stickylb-xdp",
 		UserAgentVersion: "v9"}, rec, nil)
 
-	eventually(t, wait, "ACK of version 1", func() (bool, string) {
+	testwait.For(t, wait, "ACK of version 1", func() (bool, string) {
 		return srv.acked(node, cds, "1") && srv.acked(node, eds, "1"), fmt.Sprint(srv.requests())
 	})
 	for _, typeURL := range []string{cds, eds} {
@@ -84,7 +85,7 @@ func TestSubscribeACKAndNACK(t *testing.T) {
 	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "2", 8080, clusterv3.Cluster_MAGLEV)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "NACK of version 2", func() (bool, string) {
+	testwait.For(t, wait, "NACK of version 2", func() (bool, string) {
 		return len(srv.nacks(node, cds)) == 1, fmt.Sprint(srv.nacks(node, cds))
 	})
 	n := srv.nacks(node, cds)[0]
@@ -98,7 +99,7 @@ func TestSubscribeACKAndNACK(t *testing.T) {
 	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "2", 8080, clusterv3.Cluster_MAGLEV)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "second NACK", func() (bool, string) {
+	testwait.For(t, wait, "second NACK", func() (bool, string) {
 		return len(srv.nacks(node, cds)) == 2, fmt.Sprint(srv.nacks(node, cds))
 	})
 	if got := srv.nacks(node, cds)[1].GetErrorDetail().GetMessage(); got != errMaglev {
@@ -113,7 +114,7 @@ func TestSubscribeACKAndNACK(t *testing.T) {
 	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "3", 9090, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "ACK of version 3", func() (bool, string) {
+	testwait.For(t, wait, "ACK of version 3", func() (bool, string) {
 		return srv.acked(node, cds, "3") && srv.acked(node, eds, "3"), fmt.Sprint(rec.get(cds))
 	})
 	if got := rec.port("a"); got != 9090 {
@@ -172,11 +173,11 @@ func TestNACKLoopIsPaced(t *testing.T) {
 	rec := newRecorder()
 	const initial = 20 * time.Millisecond
 	c := newClient(t, Config{Server: srv.addr, NodeID: node, Backoff: Backoff{Initial: initial, Max: time.Second}}, rec, nil)
-	eventually(t, wait, "ACK of version 1", func() (bool, string) { return srv.acked(node, cds, "1"), "" })
+	testwait.For(t, wait, "ACK of version 1", func() (bool, string) { return srv.acked(node, cds, "1"), "" })
 	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "2", 8080, clusterv3.Cluster_MAGLEV)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "four NACKs", func() (bool, string) {
+	testwait.For(t, wait, "four NACKs", func() (bool, string) {
 		return len(srv.nackTimes(node, cds)) >= 4, fmt.Sprint(len(srv.nackTimes(node, cds)))
 	})
 	at := srv.nackTimes(node, cds)
@@ -199,7 +200,7 @@ func TestNACKLoopIsPaced(t *testing.T) {
 	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "3", 9090, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "ACK of version 3", func() (bool, string) { return srv.acked(node, cds, "3"), "" })
+	testwait.For(t, wait, "ACK of version 3", func() (bool, string) { return srv.acked(node, cds, "3"), "" })
 	if v := c.Version(cds); v != "3" {
 		t.Errorf("version = %q", v)
 	}
@@ -220,7 +221,7 @@ func TestReconnectResumesFromAckedVersion(t *testing.T) {
 	srv := serve("", snapshot(t, "1", 8080, clusterv3.Cluster_ROUND_ROBIN))
 	rec := newRecorder()
 	c := newClient(t, Config{Server: srv.addr, NodeID: node}, rec, nil)
-	eventually(t, wait, "ACK of version 1", func() (bool, string) {
+	testwait.For(t, wait, "ACK of version 1", func() (bool, string) {
 		return srv.acked(node, cds, "1") && srv.acked(node, eds, "1"), fmt.Sprint(srv.requests())
 	})
 
@@ -233,9 +234,9 @@ func TestReconnectResumesFromAckedVersion(t *testing.T) {
 		{"2", 9090, 2},
 	} {
 		srv.g.Stop()
-		eventually(t, wait, "disconnected", func() (bool, string) { return !c.Connected(), "connected" })
+		testwait.For(t, wait, "disconnected", func() (bool, string) { return !c.Connected(), "connected" })
 		srv = serve(srv.addr, snapshot(t, step.version, step.port, clusterv3.Cluster_ROUND_ROBIN))
-		eventually(t, wait, fmt.Sprintf("step %d: ACK of version %s", i, step.version), func() (bool, string) {
+		testwait.For(t, wait, fmt.Sprintf("step %d: ACK of version %s", i, step.version), func() (bool, string) {
 			return srv.acked(node, cds, step.version) && srv.acked(node, eds, step.version), fmt.Sprint(srv.requests())
 		})
 		for _, r := range srv.requests() {
@@ -293,7 +294,7 @@ func TestNamesWildcardAndUnsubscribe(t *testing.T) {
 		}
 		return calls[len(calls)-1].names
 	}
-	eventually(t, wait, "wildcard CDS and EDS a", func() (bool, string) {
+	testwait.For(t, wait, "wildcard CDS and EDS a", func() (bool, string) {
 		return slices.Equal(lastNames(cds), []string{"a", "b", "c"}) && slices.Equal(lastNames(eds), []string{"a"}),
 			fmt.Sprint(lastNames(cds), lastNames(eds))
 	})
@@ -303,11 +304,11 @@ func TestNamesWildcardAndUnsubscribe(t *testing.T) {
 	if err := c.SetNames(eds, "a", "c"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "EDS a and c", func() (bool, string) {
+	testwait.For(t, wait, "EDS a and c", func() (bool, string) {
 		return slices.Equal(lastNames(eds), []string{"a", "c"}), fmt.Sprint(rec.get(eds))
 	})
 	c.Unsubscribe(eds)
-	eventually(t, wait, "the server told of the unsubscription", func() (bool, string) {
+	testwait.For(t, wait, "the server told of the unsubscription", func() (bool, string) {
 		rs := srv.requests()
 		last := rs[len(rs)-1]
 		return last.GetTypeUrl() == eds && len(last.GetResourceNames()) == 0, fmt.Sprint(last)
@@ -316,7 +317,7 @@ func TestNamesWildcardAndUnsubscribe(t *testing.T) {
 	if err := cache.SetSnapshot(context.Background(), node, snapshot(t, "2", 9090, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "ACK of CDS 2", func() (bool, string) { return srv.acked(node, cds, "2"), "" })
+	testwait.For(t, wait, "ACK of CDS 2", func() (bool, string) { return srv.acked(node, cds, "2"), "" })
 	if got := len(rec.get(eds)); got != before {
 		t.Errorf("EDS handler called %d times after Unsubscribe", got-before)
 	}
@@ -376,10 +377,10 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 	for _, up := range []bool{true, false} {
 		c := newClient(t, Config{Server: srv.addr, NodeID: "n"}, newRecorder(), nil)
 		if up {
-			eventually(t, wait, "ACK", func() (bool, string) { return srv.acked("n", cds, "1"), "" })
+			testwait.For(t, wait, "ACK", func() (bool, string) { return srv.acked("n", cds, "1"), "" })
 		} else {
 			srv.g.Stop()
-			eventually(t, wait, "disconnected", func() (bool, string) { return !c.Connected(), "" })
+			testwait.For(t, wait, "disconnected", func() (bool, string) { return !c.Connected(), "" })
 		}
 		if ours() == 0 {
 			t.Fatal("no client goroutine found before Close: the check sees nothing")
@@ -408,7 +409,7 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 		t.Error("started twice")
 	}
 	cancel()
-	eventually(t, wait, "goroutines gone after cancel", func() (bool, string) { return ours() == 0, fmt.Sprint(ours()) })
+	testwait.For(t, wait, "goroutines gone after cancel", func() (bool, string) { return ours() == 0, fmt.Sprint(ours()) })
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

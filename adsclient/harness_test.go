@@ -17,19 +17,12 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/stickylb/stickylb/internal/testwait"
 )
-
-// eventually polls cond every 10 ms until within elapses, then fails with what it saw last.
-func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	testwait.Until(t, within, 10*time.Millisecond, what, cond)
-}
 
 // testServer is go-control-plane's real ADS server on loopback, recording every request.
 type testServer struct {
@@ -74,7 +67,7 @@ func (s *testServer) serve(t testing.TB, addr string, register func(*grpc.Server
 		addr = "127.0.0.1:0"
 	}
 	var ln net.Listener
-	eventually(t, 5*time.Second, "listening on "+addr, func() (bool, string) {
+	testwait.For(t, 5*time.Second, "listening on "+addr, func() (bool, string) {
 		var err error
 		ln, err = net.Listen("tcp", addr)
 		return err == nil, fmt.Sprint(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -74,14 +75,14 @@ func TestWithStickylbXDS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	eventually(t, wait, "ACK of version 1", func() (bool, string) {
+	testwait.For(t, wait, "ACK of version 1", func() (bool, string) {
 		return srv.acked("n", cds, "1") && srv.acked("n", eds, "1"), fmt.Sprint(srv.requests())
 	})
 
 	if err := xs.Update(peerPools(t, 3)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "NACK counted and rolled back", func() (bool, string) {
+	testwait.For(t, wait, "NACK counted and rolled back", func() (bool, string) {
 		return xs.Stats.NACKs.Load() == 1 && xs.Stats.Rollbacks.Load() == 1,
 			fmt.Sprint(xs.Stats.NACKs.Load(), xs.Stats.Rollbacks.Load())
 	})
@@ -96,7 +97,7 @@ func TestWithStickylbXDS(t *testing.T) {
 	if err := xs.Update(peerPools(t, 1)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, wait, "ACK of version 3", func() (bool, string) { return srv.acked("n", cds, "3"), applied() })
+	testwait.For(t, wait, "ACK of version 3", func() (bool, string) { return srv.acked("n", cds, "3"), applied() })
 	if applied() != "[2 1]" || len(srv.nacks("n", cds)) != 1 {
 		t.Errorf("applied cluster counts %v, NACKs %d; want [2 1] and 1", applied(), len(srv.nacks("n", cds)))
 	}

@@ -11,10 +11,11 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/stickylb/stickylb/internal/testcert"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 )
 
 // TestTLSAndMTLS: the client reaches a TLS server whose certificate its CA signed (checked
@@ -61,12 +62,12 @@ func TestTLSAndMTLS(t *testing.T) {
 			srv := startServer(t, "", cache, grpc.Creds(credentials.NewTLS(scfg)))
 			c := newClient(t, Config{Server: srv.addr, NodeID: "n", TLS: tc.cfg}, newRecorder(), nil)
 			if tc.refusedFor == "" {
-				eventually(t, wait, "ACK over TLS", func() (bool, string) {
+				testwait.For(t, wait, "ACK over TLS", func() (bool, string) {
 					return srv.acked("n", cds, "1") && srv.acked("n", eds, "1"), fmt.Sprint(srv.requests())
 				})
 				return
 			}
-			eventually(t, wait, "two refused attempts", func() (bool, string) {
+			testwait.For(t, wait, "two refused attempts", func() (bool, string) {
 				c.mu.Lock()
 				defer c.mu.Unlock()
 				return c.streamEnds >= 2 && c.lastErr != nil && strings.Contains(c.lastErr.Error(), tc.refusedFor),

@@ -14,9 +14,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 
-	"github.com/stickylb/stickylb/internal/loopback"
-	"github.com/stickylb/stickylb/internal/testwait"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/policies/sessions"
 	"github.com/stickylb/stickylb/policies/status"
 )

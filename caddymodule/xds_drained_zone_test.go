@@ -7,7 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )

@@ -16,11 +16,12 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
-	"github.com/stickylb/stickylb/internal/loopback"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
@@ -198,27 +199,6 @@ func backendIn(dial string) (xdsBackend, bool) {
 	return xdsBackend{}, false
 }
 
-// waitFor polls cond until it holds or the deadline passes, and returns how long it took.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, string)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(within)
-	defer deadline.Stop()
-	for {
-		ok, state := cond()
-		if ok {
-			return time.Since(start)
-		}
-		select {
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("%s: not within %s; last saw %s", what, within, state)
-		}
-	}
-}
-
 func TestXDSSourceEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a control plane probing 4 backends and Caddy, twice: about 2 s")
@@ -279,7 +259,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	}
 	// Startup: every verdict within the first probe spread and the checker's thresholds.
 	startup := 2*poolstest.Interval + poolstest.Timeout + e2ePushSlack
-	waitFor(t, startup, "the first verdicts at Caddy", func() (bool, string) {
+	testwait.For(t, startup, "the first verdicts at Caddy", func() (bool, string) {
 		ok := state(dead) == "unhealthy drain=false"
 		for _, b := range []*e2eBackend{b0, b1, b2} {
 			ok = ok && state(b.addr()) == "healthy drain=false"
@@ -293,7 +273,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 		t.Fatalf("new sessions went to %v, want b0, b1 and b2", got)
 	}
 	var cookieB1 string
-	waitFor(t, 5*time.Second, "a session pinned to b1", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "a session pinned to b1", func() (bool, string) {
 		name, set, err := get("")
 		if err == nil && name == "b1" && set != "" {
 			cookieB1 = set
@@ -303,7 +283,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 
 	// Drain b1: its pinned session stays, new sessions go elsewhere.
 	cp.edit(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, "")))
-	took := waitFor(t, 2*time.Second, "b1 draining at Caddy", func() (bool, string) {
+	took := testwait.For(t, 2*time.Second, "b1 draining at Caddy", func() (bool, string) {
 		return state(b1.addr()) == "healthy drain=true", state(b1.addr())
 	})
 	t.Logf("drain reached Caddy in %s", took)
@@ -324,7 +304,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	// has seen unhealthy_threshold failures and pushed the verdict.
 	b2.srv.Close()
 	bound := poolstest.Interval*poolstest.Unhealthy + poolstest.Timeout + e2ePushSlack
-	took = waitFor(t, bound, "b2 unhealthy at Caddy", func() (bool, string) {
+	took = testwait.For(t, bound, "b2 unhealthy at Caddy", func() (bool, string) {
 		return strings.HasPrefix(state(b2.addr()), "unhealthy"), state(b2.addr())
 	})
 	t.Logf("a killed backend left Caddy's view in %s (bound %s = interval x unhealthy_threshold + timeout + push slack)", took, bound)
@@ -337,7 +317,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 	edited := time.Now()
 	cp.edit(t, poolstest.API(entry(b0.addr(), ""), entry(b1.addr(), ", drain: true"), entry(b2.addr(), ""), entry(dead, ""), entry(b3.addr(), "")))
 	sent := 0
-	took = waitFor(t, 2*time.Second, "a new session on added b3", func() (bool, string) {
+	took = testwait.For(t, 2*time.Second, "a new session on added b3", func() (bool, string) {
 		if _, ok := backendIn(b3.addr()); !ok {
 			return false, "b3 not in the view"
 		}
@@ -353,7 +333,7 @@ func TestXDSSourceEndToEnd(t *testing.T) {
 
 	// Stop the control plane: Caddy keeps serving its last view.
 	cp.stop()
-	waitFor(t, 10*time.Second, "Caddy notices the control plane is gone", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "Caddy notices the control plane is gone", func() (bool, string) {
 		return !liveSub().client.Connected(), "still connected"
 	})
 	survive := func(when string) {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 )
 
 // sourceWith returns a source serving service "api" of v for a node of zone, with no

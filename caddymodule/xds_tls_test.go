@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/stickylb/stickylb/internal/grpctest"
-	"github.com/stickylb/stickylb/internal/poolstest"
-	"github.com/stickylb/stickylb/internal/testcert"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 	"github.com/stickylb/stickylb/xds"
 )
 
@@ -43,7 +44,7 @@ func TestXDSSourceMTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { x.Cleanup(); ccancel() })
-	waitFor(t, 10*time.Second, "the view over mTLS", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "the view over mTLS", func() (bool, string) {
 		ups, err := x.GetUpstreams(nil)
 		return err == nil && len(ups) == 2 && ups[0].Dial == "10.0.7.1:80", fmt.Sprint(ups, err)
 	})

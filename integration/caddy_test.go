@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 
 	_ "github.com/stickylb/stickylb/caddymodule"
 	"github.com/stickylb/stickylb/policies/cookie"
@@ -278,11 +279,11 @@ func TestCaddyKillPinnedBackendUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, 5*time.Second, "load running", func() (bool, string) { return total.Load() > 200, fmt.Sprint(total.Load()) })
+	testwait.For(t, 5*time.Second, "load running", func() (bool, string) { return total.Load() > 200, fmt.Sprint(total.Load()) })
 	killedAt := time.Now()
 	victim.kill()
 	// Every client formerly on the victim settles on one surviving backend.
-	waitFor(t, 10*time.Second, "sessions re-pinned", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "sessions re-pinned", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		for i := range cs {
@@ -391,7 +392,7 @@ func TestCaddyWeightedLeastConnInflight(t *testing.T) {
 		// Each request must be in flight before the next is picked, or two picks read the
 		// same counts; the count is what we measure, so wait on it.
 		want := int64(i + 1)
-		waitFor(t, 5*time.Second, "request in flight", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "request in flight", func() (bool, string) {
 			n := bs[0].inflight.Load() + bs[1].inflight.Load()
 			return n == want, fmt.Sprint(n)
 		})

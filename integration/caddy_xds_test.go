@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // Caddy nodes fed by the control plane, with the real binaries: `stickylb xds` serving and
@@ -139,7 +140,7 @@ http://127.0.0.1:%d {
 			return true, ""
 		}
 	}
-	waitFor(t, 2*poolstest.Interval+poolstest.Timeout+cxPushSlack+10*time.Second, "Caddy serves b1 and b2 from the control plane's view", servesOnly("b1", "b2"))
+	testwait.For(t, 2*poolstest.Interval+poolstest.Timeout+cxPushSlack+10*time.Second, "Caddy serves b1 and b2 from the control plane's view", servesOnly("b1", "b2"))
 
 	// A pinned session, to follow through the control plane's outage and Caddy's restart.
 	user := newClient(t, "")
@@ -151,7 +152,7 @@ http://127.0.0.1:%d {
 	// Add b3 by editing the pools file: within 2 s new sessions reach it.
 	edited := time.Now()
 	writeAtomic(t, poolsFile, cxPools(b1.addr, b2.addr, b3.addr))
-	waitFor(t, 2*time.Second, "a new session on added b3", func() (bool, string) {
+	testwait.For(t, 2*time.Second, "a new session on added b3", func() (bool, string) {
 		got, err := newSessions()
 		return got["b3"] > 0, fmt.Sprint(got, err)
 	})
@@ -165,7 +166,7 @@ http://127.0.0.1:%d {
 	if pinnedTo == "b2" {
 		pinnedTo = "" // its session moves; checked below only when it was on b1
 	}
-	waitFor(t, bound, "no new session on killed b2", servesOnly("b1", "b3"))
+	testwait.For(t, bound, "no new session on killed b2", servesOnly("b1", "b3"))
 	t.Logf("killed backend: out of new sessions %s after the kill (bound %s)", time.Since(killed).Round(time.Millisecond), bound)
 
 	// Stop the control plane: Caddy keeps serving its last view.
@@ -181,7 +182,7 @@ http://127.0.0.1:%d {
 
 	// Restart Caddy while the control plane is down: it serves the view it saved.
 	_ = caddy.Process.Signal(os.Interrupt)
-	waitFor(t, 15*time.Second, "Caddy stopped", func() (bool, string) {
+	testwait.For(t, 15*time.Second, "Caddy stopped", func() (bool, string) {
 		return !cxPortOpen(fmt.Sprintf("127.0.0.1:%d", port)), "still listening"
 	})
 	runCaddy(t, caddyfile, env...)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // TestCaddyfileExampleAdaptsWithoutSecret: the JSON config Caddy keeps (the admin API's
@@ -58,7 +59,7 @@ func TestCaddyfileExample(t *testing.T) {
 	// sites of the same config); the next probe (health_interval 2s) clears them. Wait until
 	// new sessions reach every backend (the config's interval plus 8 s of slack).
 	warm := map[string]int{}
-	waitFor(t, 10*time.Second, "new sessions reaching all three demo backends through :8080", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "new sessions reaching all three demo backends through :8080", func() (bool, string) {
 		code, body := newClient(t, "").get(t, "http://localhost:8080/")
 		if code == 200 {
 			warm[body]++

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -487,9 +488,9 @@ http://%s {
 		tp.root.Cleanup(func() { cc.Close() })
 
 		// The first view and the first verdicts (Unknown routes too).
-		waitFor(t, 15*time.Second, "every tier serves its two backends", servesOnly([]string{"b1", "b2"}, []string{"g1", "g2"}))
-		waitFor(t, 2*time.Second, "identical XDP tables over b1, b2", func() (bool, string) { return sameTables("b1", "b2") })
-		waitFor(t, 5*time.Second, "every ADS node connected", allConnected("1"))
+		testwait.For(t, 15*time.Second, "every tier serves its two backends", servesOnly([]string{"b1", "b2"}, []string{"g1", "g2"}))
+		testwait.For(t, 2*time.Second, "identical XDP tables over b1, b2", func() (bool, string) { return sameTables("b1", "b2") })
+		testwait.For(t, 5*time.Second, "every ADS node connected", allConnected("1"))
 	})
 
 	// One edit adds a backend to each service: within 2 s every tier sends one of K new
@@ -499,7 +500,7 @@ http://%s {
 		got := map[string]bool{}
 		edited := time.Now()
 		tp.writeFile(poolsFile, faPools([]string{"b1", "b2", "b3"}, []string{"g1", "g2", "g3"}))
-		waitFor(t, 2*time.Second-time.Since(edited), "every tier sends new sessions to the added backends", func() (bool, string) {
+		testwait.For(t, 2*time.Second-time.Since(edited), "every tier sends new sessions to the added backends", func() (bool, string) {
 			for _, tier := range tierOrder {
 				if got[tier] {
 					continue
@@ -515,7 +516,7 @@ http://%s {
 			}
 			return len(got) == len(tierOrder), fmt.Sprint(got)
 		})
-		waitFor(t, 2*time.Second, "identical XDP tables over b1, b2, b3", func() (bool, string) { return sameTables("b1", "b2", "b3") })
+		testwait.For(t, 2*time.Second, "identical XDP tables over b1, b2, b3", func() (bool, string) { return sameTables("b1", "b2", "b3") })
 	})
 
 	// One backend of each service killed: within interval x unhealthy_threshold + timeout +
@@ -544,7 +545,7 @@ http://%s {
 		backends["b1"].kill()
 		backends["g1"].health.Close()
 		bound := faInterval*faUnhealthy + faTimeout + faPushSlack
-		waitFor(t, bound, "no tier sends new sessions to the killed backends",
+		testwait.For(t, bound, "no tier sends new sessions to the killed backends",
 			servesOnly([]string{"b2", "b3"}, []string{"g2", "g3"}))
 		t.Logf("killed backends out of every tier's new sessions %s after the kill (bound %s)", time.Since(killed).Round(time.Millisecond), bound)
 		for _, f := range flows {
@@ -628,7 +629,7 @@ http://%s {
 		killCP()
 		cpDown = time.Now()
 		// The stream's end is seen at once (the server's process is gone, its sockets reset).
-		waitFor(t, 5*time.Second, "every ADS node sees the control plane gone", allConnected("0"))
+		testwait.For(t, 5*time.Second, "every ADS node sees the control plane gone", allConnected("0"))
 		for _, n := range adsNodes {
 			if adsMetric(n, "stickylb_xds_last_update_age_seconds") == "absent" {
 				t.Fatalf("%s exports no update age", n)
@@ -647,7 +648,7 @@ http://%s {
 		startNode("lb2", cpAddr)
 		endsBase["lb2"] = 0
 		_ = caddy.Process.Signal(os.Interrupt)
-		waitFor(t, 15*time.Second, "Caddy stopped", func() (bool, string) {
+		testwait.For(t, 15*time.Second, "Caddy stopped", func() (bool, string) {
 			return !cxPortOpen(caddyAddr), "still listening"
 		})
 		startCaddy()
@@ -680,7 +681,7 @@ http://%s {
 			lastReconnect = maxTime(lastReconnect, reconnectBy[n])
 		}
 		reconnected := map[string]time.Duration{}
-		waitFor(t, time.Until(lastReconnect), "every ADS node reconnected", func() (bool, string) {
+		testwait.For(t, time.Until(lastReconnect), "every ADS node reconnected", func() (bool, string) {
 			var saw []string
 			for _, n := range adsNodes {
 				if _, ok := reconnected[n]; ok {
@@ -715,7 +716,7 @@ http://%s {
 			last = maxTime(last, at)
 		}
 		took := map[string]time.Duration{}
-		waitFor(t, time.Until(last), "every tier sends every new session to b3 or g3", func() (bool, string) {
+		testwait.For(t, time.Until(last), "every tier sends every new session to b3 or g3", func() (bool, string) {
 			var saw []string
 			for _, tier := range tierOrder {
 				if _, ok := took[tier]; ok {
@@ -737,7 +738,7 @@ http://%s {
 				t.Errorf("%s converged %s after the edit, past its bound %s", tier, took[tier], by[tier].Sub(edited))
 			}
 		}
-		waitFor(t, 2*time.Second, "identical XDP tables over b3", func() (bool, string) { return sameTables("b3") })
+		testwait.For(t, 2*time.Second, "identical XDP tables over b3", func() (bool, string) { return sameTables("b3") })
 	})
 
 	// The dead backends leave the file and b2 and g2 return, and every backend's health
@@ -751,7 +752,7 @@ http://%s {
 			backends[h].health.Close()
 		}
 		bound := faInterval*faUnhealthy + faTimeout + faPushSlack
-		waitFor(t, bound, "every panic gauge at 1", func() (bool, string) {
+		testwait.For(t, bound, "every panic gauge at 1", func() (bool, string) {
 			var saw []string
 			for _, s := range []string{"spread", "rpc"} {
 				if g := panicGauge(s); g != "1" {
@@ -761,12 +762,12 @@ http://%s {
 			return len(saw) == 0, strings.Join(saw, " ")
 		})
 		t.Logf("every service in panic %s after its health ports closed", time.Since(downAt).Round(time.Millisecond))
-		waitFor(t, faPushSlack, "every tier forwards to the unhealthy backends",
+		testwait.For(t, faPushSlack, "every tier forwards to the unhealthy backends",
 			servesOnly([]string{"b2", "b3"}, []string{"g2", "g3"}))
 		// The panic's push reaches the two nodes at two moments, and b2, new to them again,
 		// may wait for its MAC (a node waits up to 3 s for the kernel to resolve one): their
 		// tables agree within the push slack and that wait.
-		waitFor(t, faPushSlack+3*time.Second, "identical XDP tables over b2, b3 in panic", func() (bool, string) { return sameTables("b2", "b3") })
+		testwait.For(t, faPushSlack+3*time.Second, "identical XDP tables over b2, b3 in panic", func() (bool, string) { return sameTables("b2", "b3") })
 	})
 
 	// A table the node's maps cannot hold, over the wire: the pools file's validation
@@ -806,7 +807,7 @@ http://%s {
 		nodes["lb2"].stop()
 		startNode("lb2", addr)
 		var good map[string]l4xdp.VIPTable
-		waitFor(t, 5*time.Second, "lb2 applies the first view (b2, b3 healthy)", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "lb2 applies the first view (b2, b3 healthy)", func() (bool, string) {
 			tb, err := tables("lb2")
 			if err != nil || tb["spread"].Panic || len(tb["spread"].Down) != 0 || adsMetric("lb2", "stickylb_xds_connected") != "1" {
 				return false, fmt.Sprint(tb, err)
@@ -819,7 +820,7 @@ http://%s {
 		if err := srv.Update(file([]string{"b2", "b3"}, oversized)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, faPushSlack, "lb2's NACK counted and lb2 rolled back", func() (bool, string) {
+		testwait.For(t, faPushSlack, "lb2's NACK counted and lb2 rolled back", func() (bool, string) {
 			return srv.Stats.NACKs.Load() == 1 && srv.Stats.Rollbacks.Load() == 1,
 				fmt.Sprintf("nacks %d rollbacks %d", srv.Stats.NACKs.Load(), srv.Stats.Rollbacks.Load())
 		})
@@ -845,7 +846,7 @@ http://%s {
 		if err := srv.Update(file([]string{"b3"}, 0)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, faPushSlack, "lb2 applies the next good version (b3 only)", func() (bool, string) {
+		testwait.For(t, faPushSlack, "lb2 applies the next good version (b3 only)", func() (bool, string) {
 			tb, err := tables("lb2")
 			return err == nil && slices.Equal(slices.Compact(slices.Sorted(slices.Values(tb["spread"].Table))), []string{fmt.Sprintf("spread/%s:%d", faHosts["b3"], faVIPPort)}), fmt.Sprint(tb, err)
 		})

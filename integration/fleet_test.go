@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
 )
 
@@ -207,7 +208,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		cp = startCP()
 		nodes["lb"], nodes["lb2"] = startNode("lb"), startNode("lb2")
 		// The first view, and the control plane's first verdicts (Unknown routes too).
-		waitFor(t, 10*time.Second, "both nodes hold the view", func() (bool, string) { return same("b1", "b2") })
+		testwait.For(t, 10*time.Second, "both nodes hold the view", func() (bool, string) { return same("b1", "b2") })
 		// What an operator compares: `stickylb xdp tables` on each node, equal digests.
 		var digests []string
 		for _, lb := range []string{"lb", "lb2"} {
@@ -236,7 +237,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		edited := time.Now()
 		tp.writeFile(poolsFile, fleetPools("b1", "b2", "b3"))
 		got := map[string]bool{}
-		waitFor(t, 2*time.Second-time.Since(edited), "b3 takes new connections through both nodes", func() (bool, string) {
+		testwait.For(t, 2*time.Second-time.Since(edited), "b3 takes new connections through both nodes", func() (bool, string) {
 			for _, cl := range []string{"cl", "cl2"} {
 				if got[cl] {
 					continue
@@ -250,7 +251,7 @@ func TestFleetXDPNodes(t *testing.T) {
 			return got["cl"] && got["cl2"], fmt.Sprint(got)
 		})
 		t.Logf("b3 reached through both nodes %s after the edit", time.Since(edited).Round(time.Millisecond))
-		waitFor(t, 2*time.Second, "identical tables over b1, b2, b3", func() (bool, string) { return same("b1", "b2", "b3") })
+		testwait.For(t, 2*time.Second, "identical tables over b1, b2, b3", func() (bool, string) { return same("b1", "b2", "b3") })
 	})
 
 	// Opened through lb, continued through lb2 (cl's route moves): lb2 has no entry for it
@@ -291,7 +292,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		bound := fleetInterval*fleetUnhealthy + fleetTimeout + pushSlack
 		// 48 connections in a row missing b1 while it holds a third of a table: (2/3)^48 < 1e-8.
 		for _, cl := range []string{"cl", "cl2"} {
-			waitFor(t, bound-time.Since(killed), "b1 out of new flows through "+cl, func() (bool, string) {
+			testwait.For(t, bound-time.Since(killed), "b1 out of new flows through "+cl, func() (bool, string) {
 				seen, err := tp.reaches(cl, 48)
 				if err != nil {
 					return false, err.Error()
@@ -322,7 +323,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		good := fleetPools("b1", "b2", "b3")
 		tp.writeFile(poolsFile, good+"      - {address: \"10.77.0.99:80\"}\n")
 		// 100 ms poll, the nodes' 3 s of neighbour resolution, and 2 s of slack.
-		waitFor(t, 5100*time.Millisecond, "both nodes NACK", func() (bool, string) {
+		testwait.For(t, 5100*time.Millisecond, "both nodes NACK", func() (bool, string) {
 			return cpMetric("stickylb_xds_nacks_total") == "2" && before == "0", before + " -> " + cpMetric("stickylb_xds_nacks_total")
 		})
 		for _, lb := range []string{"lb", "lb2"} {
@@ -355,7 +356,7 @@ func TestFleetXDPNodes(t *testing.T) {
 		}
 		cp.kill()
 		for _, lb := range []string{"lb", "lb2"} {
-			waitFor(t, 5*time.Second, lb+" sees the control plane gone", func() (bool, string) {
+			testwait.For(t, 5*time.Second, lb+" sees the control plane gone", func() (bool, string) {
 				v := metric(lb, "stickylb_xds_connected")
 				return v == "0", v
 			})
@@ -394,12 +395,12 @@ func TestFleetXDPNodes(t *testing.T) {
 		// A node's pending wait grows with the attempts that failed during the outage.
 		for _, lb := range []string{"lb", "lb2"} {
 			by := adsReconnectBy(restarted, ends(lb)-endsBase[lb])
-			waitFor(t, time.Until(by), lb+" reconnected", func() (bool, string) {
+			testwait.For(t, time.Until(by), lb+" reconnected", func() (bool, string) {
 				v := metric(lb, "stickylb_xds_connected")
 				return v == "1", v
 			})
 		}
-		waitFor(t, 10*time.Second, "both nodes converge on b3 (b1 down, b2 removed)", func() (bool, string) { return same("b3") })
+		testwait.For(t, 10*time.Second, "both nodes converge on b3 (b1 down, b2 removed)", func() (bool, string) { return same("b3") })
 		for _, cl := range []string{"cl", "cl2"} {
 			if seen, err := tp.reaches(cl, 10); err != nil || seen["b3"] != 10 {
 				t.Fatalf("through %s after converging: %v %v", cl, seen, err)

@@ -21,7 +21,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // backend is a real HTTP server on loopback that answers with its name.
@@ -147,28 +148,9 @@ func (c *client) get(t testing.TB, url string, headers ...string) (int, string) 
 	return resp.StatusCode, string(b)
 }
 
-// waitFor polls cond every 20ms until it holds or the deadline passes, then fails with
-// what it last saw.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s; last saw: %s", what, within, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func waitPort(t testing.TB, addr string, within time.Duration) {
 	t.Helper()
-	waitFor(t, within, "port "+addr+" open", func() (bool, string) {
+	testwait.For(t, within, "port "+addr+" open", func() (bool, string) {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err != nil {
 			return false, err.Error()

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 )
 
 // lan is the network every XDP test of this package builds in namespaces: namespace "br"

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 
 	"github.com/stickylb/stickylb/policies/status"
 )
@@ -83,7 +84,7 @@ func run[T any](t *testing.T, ctx context.Context, within time.Duration, a chrom
 // pageWait evaluates js in the page every 100 ms until it returns true.
 func pageWait(t *testing.T, ctx context.Context, within time.Duration, what, js string) {
 	t.Helper()
-	waitFor(t, within, what, func() (bool, string) {
+	testwait.For(t, within, what, func() (bool, string) {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		ok, err := chromedp.Run(c, chromedp.Evaluate[bool](js))
@@ -202,7 +203,7 @@ func TestStatusPageBrowser(t *testing.T) {
 	// As in TestCaddyfileExample: wait until new sessions reach every backend (health
 	// interval 2 s plus 8 s of slack).
 	warm := map[string]int{}
-	waitFor(t, 10*time.Second, "new sessions reaching all three backends", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "new sessions reaching all three backends", func() (bool, string) {
 		code, body := newClient(t, "").get(t, "http://localhost:8080/")
 		if code == 200 {
 			warm[body]++

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
 )
 
@@ -48,16 +49,10 @@ func (tp *topo) xdpStats(bin string) xdpStatsJSON {
 	return st
 }
 
-// eventually polls cond every 50 ms until it holds or deadline passes.
+// eventually waits until cond holds, failing the test when deadline passes first.
 func (tp *topo) eventually(what string, deadline time.Duration, cond func() bool) {
 	tp.t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			tp.t.Fatalf("%s: not within %s", what, deadline)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.For(tp.t, deadline, what, func() (bool, string) { return cond(), "" })
 }
 
 // openN opens n connections to the VIP's port 80 and returns them (and closes them when

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // NAT forwarding end to end (newNATTopo's rig): one service under `forwarding: auto` with a
@@ -181,7 +183,7 @@ func TestXDPNAT(t *testing.T) {
 		// streamedPast waits until the stream has passed n bytes (or has failed).
 		streamedPast := func(what string, n int64) {
 			t.Helper()
-			waitFor(t, 10*time.Second, what, func() (bool, string) {
+			testwait.For(t, 10*time.Second, what, func() (bool, string) {
 				select {
 				case err := <-done:
 					done <- err
@@ -255,7 +257,7 @@ func TestXDPNAT(t *testing.T) {
 			var reply string
 			// UDP may lose a datagram: each is retried within the bound, not waited on once,
 			// and a late reply to an earlier try is skipped.
-			waitFor(t, 5*time.Second, "a UDP reply from nb through NAT", func() (bool, string) {
+			testwait.For(t, 5*time.Second, "a UDP reply from nb through NAT", func() (bool, string) {
 				c.SetDeadline(time.Now().Add(500 * time.Millisecond))
 				if _, err := c.Write([]byte(msg)); err != nil {
 					return false, err.Error()

@@ -14,10 +14,11 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
-	"github.com/stickylb/stickylb/internal/poolstest"
-	"github.com/stickylb/stickylb/internal/xdptest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/xdptest"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -90,7 +91,7 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 	// The checker's state shows before the loader's callback has rebuilt the table without
 	// the refused backend (generation 2), so the wait is on both: the SYNs below must meet
 	// that table.
-	waitFor(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on the three backends, applied", func() (bool, string) {
+	testwait.For(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on the three backends, applied", func() (bool, string) {
 		s := fetchSnapshot(t, srv.URL+"/status.json")
 		bs := s.Services[0].Backends
 		g := s.Services[0].Generation

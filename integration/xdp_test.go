@@ -16,7 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // The XDP forwarder end to end, in network namespaces made by the test: a client, the LB
@@ -468,7 +469,7 @@ func TestXDPEndToEnd(t *testing.T) {
 
 	tp.phase("a backend added mid-stream", func(t *testing.T) {
 		tp.writeFile(poolsFile, poolsXDP("b1", "b2", "b3"))
-		waitFor(t, 5*time.Second, "b3 takes new connections", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "b3 takes new connections", func() (bool, string) {
 			c, err := tp.dial(vip4 + ":80")
 			if err != nil {
 				return false, err.Error()
@@ -489,7 +490,7 @@ func TestXDPEndToEnd(t *testing.T) {
 		took := time.Duration(0)
 		// A round passes only if 48 new connections in a row miss b1: while b1 is still in
 		// the table that happens by luck with probability (2/3)^48, under 1e-8.
-		waitFor(t, 3500*time.Millisecond, "b1 out of the tables", func() (bool, string) {
+		testwait.For(t, 3500*time.Millisecond, "b1 out of the tables", func() (bool, string) {
 			if ok, saw := tp.noneReach("b1", 48); !ok {
 				return false, saw
 			}
@@ -507,7 +508,7 @@ func TestXDPEndToEnd(t *testing.T) {
 		if udpOnB1 == nil {
 			t.Fatal("no UDP socket reached b1")
 		}
-		waitFor(t, 3500*time.Millisecond, "the UDP flow of b1 re-picked", func() (bool, string) {
+		testwait.For(t, 3500*time.Millisecond, "the UDP flow of b1 re-picked", func() (bool, string) {
 			udpOnB1.SetDeadline(time.Now().Add(300 * time.Millisecond))
 			if _, err := udpOnB1.Write([]byte("still there?")); err != nil {
 				return false, err.Error()
@@ -566,7 +567,7 @@ func TestXDPEndToEnd(t *testing.T) {
 
 	tp.phase("a bad edit changes nothing", func(t *testing.T) {
 		tp.writeFile(poolsFile, "services:\n  - name: spread\n    protocol: tcp\n    vip: nonsense\n")
-		waitFor(t, 5*time.Second, "the bad edit logged", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "the bad edit logged", func() (bool, string) {
 			return strings.Contains(lp2.String(), "invalid pools file edit"), ""
 		})
 		echoAll(t, "b1")
@@ -575,7 +576,7 @@ func TestXDPEndToEnd(t *testing.T) {
 	tp.phase("a drained backend keeps its connections", func(t *testing.T) {
 		b2 := fmt.Sprintf("{address: %q}", hosts["b2"].v4+":80")
 		tp.writeFile(poolsFile, strings.Replace(poolsXDP("b1", "b2", "b3"), b2, strings.TrimSuffix(b2, "}")+", drain: true}", 1))
-		waitFor(t, 5*time.Second, "no new connection to the drained b2", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "no new connection to the drained b2", func() (bool, string) {
 			return tp.noneReach("b2", 32) // missing b2 by luck while it is in the table: 2^-32
 		})
 		drainedConns := 0
@@ -592,7 +593,7 @@ func TestXDPEndToEnd(t *testing.T) {
 
 	tp.phase("a removed VIP stops being forwarded", func(t *testing.T) {
 		tp.writeFile(poolsFile, poolsXDPServices([]string{"spread", "spread6"}, "b1", "b2", "b3"))
-		waitFor(t, 5*time.Second, "sticky gone from the forwarder", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "sticky gone from the forwarder", func() (bool, string) {
 			out := tp.in("lb", bin, "xdp", "stats", "--iface", "eth0", "--pin-root", tp.pinFS)
 			return !strings.Contains(out, `"sticky"`), out
 		})

@@ -11,13 +11,14 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/grpctest"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
@@ -78,7 +79,7 @@ func TestXDSStatusPageBrowser(t *testing.T) {
 	statusNode(t, addr, "edge-a1", "zone-a", "envoy")
 	statusNode(t, addr, "h1/xdp/eth0", "zone-a", fleetview.UserAgentXDP)
 	var snap status.Snapshot
-	waitFor(t, 5*time.Second, "three nodes ACK", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "three nodes ACK", func() (bool, string) {
 		snap = fetchSnapshot(t, admin.URL+"/status.json")
 		acked := 0
 		for _, n := range snap.Nodes {

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
-	"github.com/stickylb/stickylb/internal/testwait"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -289,12 +289,6 @@ func vipTable(t *testing.T, f *Tables, id uint32) (uint32, map[uint32]bool) {
 	return flags, slots
 }
 
-// eventually polls cond until it holds or within has passed.
-func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	testwait.Until(t, within, 20*time.Millisecond, what, cond)
-}
-
 // One backend down: out of the table, no panic. Every backend down: the table holds them
 // all (fail open) and the VIP is in panic, so its UDP flows do not re-pick. The health
 // checks probe this process's loopback (the checker dials from the test's namespace):
@@ -316,13 +310,13 @@ func TestLoaderPanicWhenEveryBackendIsDown(t *testing.T) {
 	slots := slotsOf(t, l.Tables())
 	up, down := slots["a/127.0.0.1:53"], slots["a/127.0.0.2:53"]
 	// The first probe comes within interval/10, its verdict within the timeout after.
-	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "one backend down", func() (bool, string) {
+	testwait.For(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "one backend down", func() (bool, string) {
 		flags, table := vipTable(t, l.Tables(), 1)
 		return flags&FlagPanic == 0 && table[up] && !table[down], fmt.Sprintf("flags %d, slots %v", flags, table)
 	})
 	ln.Close()
 	// unhealthy_threshold x interval + timeout, and 2 s of slack.
-	eventually(t, 1*time.Second+500*time.Millisecond+2*time.Second, "every backend down: panic over both", func() (bool, string) {
+	testwait.For(t, 1*time.Second+500*time.Millisecond+2*time.Second, "every backend down: panic over both", func() (bool, string) {
 		flags, table := vipTable(t, l.Tables(), 1)
 		return flags&FlagPanic != 0 && table[up] && table[down], fmt.Sprintf("flags %d, slots %v", flags, table)
 	})

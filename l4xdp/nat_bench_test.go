@@ -12,7 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 	"github.com/stickylb/stickylb/policies/chash"
 )
 

@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/google/gopacket/layers"
-
-	"github.com/stickylb/stickylb/internal/testwait"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // NAT fixtures through BPF_PROG_RUN: the real program, run as if the frame came in on an

@@ -14,7 +14,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 )
 
 // The NAT fixtures' network and their packet builders. bpf_fib_lookup resolves next hops in

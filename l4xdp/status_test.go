@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -60,7 +61,7 @@ func TestLoaderStatus(t *testing.T) {
 	// callback rebuilds the table and records when the state changed), so the wait is on
 	// both.
 	var snap *status.Snapshot
-	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on every backend (the draining one is probed too), applied", func() (bool, string) {
+	testwait.For(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on every backend (the draining one is probed too), applied", func() (bool, string) {
 		snap = snapOf()
 		bs := snap.Services[0].Backends
 		g := snap.Services[0].Generation
@@ -95,7 +96,7 @@ func TestLoaderStatus(t *testing.T) {
 		}
 	}
 	firstCheck := *up.Health.LastCheck
-	eventually(t, time.Second+500*time.Millisecond+2*time.Second, "the healthy backend's last check moves with the next probe", func() (bool, string) {
+	testwait.For(t, time.Second+500*time.Millisecond+2*time.Second, "the healthy backend's last check moves with the next probe", func() (bool, string) {
 		b := snapOf().Services[0].Backends[0]
 		return b.Health.LastCheck != nil && b.Health.LastCheck.After(firstCheck), fmt.Sprintf("%v, first %v", b.Health.LastCheck, firstCheck)
 	})

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 

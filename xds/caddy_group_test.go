@@ -8,10 +8,11 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 )
 
@@ -25,7 +26,7 @@ func TestCaddyNodeView(t *testing.T) {
 
 	view := func(n *fleetNode) *fleetview.View { v, _, _ := n.last(); return v }
 	n1 := startCaddyNode(t, addr, "h1/caddy", "z1")
-	eventually(t, 5*time.Second, "the Caddy node's first view", func() (bool, string) { return view(n1) != nil, "none" })
+	testwait.For(t, 5*time.Second, "the Caddy node's first view", func() (bool, string) { return view(n1) != nil, "none" })
 	v := view(n1)
 	if len(v.File.Services) != 2 || v.File.Services[0].Name != "api" || v.File.Services[1].Name != "rpc" {
 		t.Fatalf("Caddy view services: %+v, want api and rpc", v.File.Services)
@@ -47,7 +48,7 @@ func TestCaddyNodeView(t *testing.T) {
 
 	builds := s.Stats.Builds.Load()
 	n2 := startCaddyNode(t, addr, "h2/caddy", "z2")
-	eventually(t, 5*time.Second, "the second Caddy node registered", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the second Caddy node registered", func() (bool, string) {
 		return len(s.Nodes()) == 2, fmt.Sprint(s.Nodes())
 	})
 	if n := s.Stats.Builds.Load(); n != builds {
@@ -61,7 +62,7 @@ func TestCaddyNodeView(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*fleetNode{n1, n2} {
-		eventually(t, 5*time.Second, "the verdict reaches the Caddy nodes", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "the verdict reaches the Caddy nodes", func() (bool, string) {
 			vd := view(n).Verdicts[fleetview.Key("api", "api-1")]
 			return vd.State == health.Unhealthy && vd.Since.Equal(at), fmt.Sprint(vd)
 		})
@@ -75,7 +76,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 	f := poolstest.Parse(t, poolstest.CaddyFleet)
 	s, addr := startXDS(t, f)
 	n := startCaddyNode(t, addr, "h1/caddy", "")
-	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
 		return s.ackedVersion("h1/caddy") != "", "no ack"
 	})
 	before, applied, _ := n.last()
@@ -97,7 +98,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 	if err := s.Update(f2); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the next good version applied", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the next good version applied", func() (bool, string) {
 		v, _, _ := n.last()
 		return len(v.File.Services[1].Backends) == 2, fmt.Sprint(len(v.File.Services[1].Backends))
 	})

@@ -10,12 +10,13 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/stickylb/stickylb/internal/grpctest"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 )
 
@@ -51,7 +52,7 @@ func TestFirstVerdictsHold(t *testing.T) {
 		TypeUrl: resource.EndpointType, ResourceNames: []string{"api"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the stream admitted", func() (bool, string) { return len(s.Nodes()) == 1, fmt.Sprint(s.Nodes()) })
+	testwait.For(t, 5*time.Second, "the stream admitted", func() (bool, string) { return len(s.Nodes()) == 1, fmt.Sprint(s.Nodes()) })
 	noSnapshot := func(when string) {
 		t.Helper()
 		s.mu.Lock()

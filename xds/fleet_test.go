@@ -10,13 +10,14 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 )
 
@@ -100,7 +101,7 @@ func startFleetNode(t *testing.T, cfg adsclient.Config, decode func(clusters, as
 // waitOneNACK waits until s has counted one NACK and rolled its node back.
 func waitOneNACK(t *testing.T, s *Server) {
 	t.Helper()
-	eventually(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "NACK counted and node rolled back", func() (bool, string) {
 		return s.Stats.NACKs.Load() == 1 && s.Stats.Rollbacks.Load() == 1,
 			fmt.Sprintf("nacks %d rollbacks %d", s.Stats.NACKs.Load(), s.Stats.Rollbacks.Load())
 	})
@@ -115,7 +116,7 @@ func TestXDPNodeView(t *testing.T) {
 	s, addr := startXDSWithView(t, f, states.view)
 
 	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
-	eventually(t, 5*time.Second, "the XDP node's first view", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the XDP node's first view", func() (bool, string) {
 		v, _, _ := x.last()
 		return v != nil, "none"
 	})
@@ -145,7 +146,7 @@ func TestXDPNodeView(t *testing.T) {
 	ectx, ecancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { ecancel(); e.Close() })
 	e.Start(ectx)
-	eventually(t, 5*time.Second, "the Envoy node's clusters", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the Envoy node's clusters", func() (bool, string) {
 		_, ok := envoyClusters.Load("api")
 		return ok, "no api cluster"
 	})
@@ -166,7 +167,7 @@ func TestXDPNodeView(t *testing.T) {
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, 5*time.Second, "the verdict reaches the XDP node", func() (bool, string) {
+	took := testwait.For(t, 5*time.Second, "the verdict reaches the XDP node", func() (bool, string) {
 		v, _, _ := x.last()
 		vd := v.Verdicts[fleetview.Key("web", "10.0.6.1:443")]
 		return vd.State == health.Unhealthy && vd.Since.Equal(at), fmt.Sprint(vd)
@@ -182,7 +183,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	f := poolstest.Parse(t, poolstest.Fleet)
 	s, addr := startXDS(t, f)
 	x := startXDPNode(t, addr, "h1/xdp/eth0", fleetview.UserAgentXDP)
-	eventually(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "first view acknowledged on CDS and EDS", func() (bool, string) {
 		return s.ackedVersion("h1/xdp/eth0") != "", "no ack"
 	})
 	_, applied, _ := x.last()
@@ -211,7 +212,7 @@ func TestXDPNodeNACK(t *testing.T) {
 	if err := s.Update(f2); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the next good version applied", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the next good version applied", func() (bool, string) {
 		v, _, _ := x.last()
 		return len(v.File.Services[0].Backends) == 3, fmt.Sprint(len(v.File.Services[0].Backends))
 	})

@@ -8,7 +8,7 @@ import (
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )

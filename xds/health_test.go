@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
-	"github.com/stickylb/stickylb/internal/grpctest"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -75,7 +76,7 @@ func TestCrossZoneOffHealthAndZoneShift(t *testing.T) {
 	defer cancel()
 	// Wait for the first verdicts so that the client starts on a settled view.
 	waitHealthy := func(want health.State, idx ...int) {
-		eventually(t, 5*time.Second, "health verdicts", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "health verdicts", func() (bool, string) {
 			for _, i := range idx {
 				if st := mon.View("api", s.currentFile().Services[0].Backends[i].Identity()); st != want {
 					return false, fmt.Sprintf("backend %d: %v", i, st)
@@ -90,7 +91,7 @@ func TestCrossZoneOffHealthAndZoneShift(t *testing.T) {
 	// both zone-a backends every call may go to the first one, so wait until both answered
 	// (within 3s of the first call). Zone-b must never answer.
 	seen := map[string]int{}
-	eventually(t, 3*time.Second, "both zone-a backends reached, zone-b never", func() (bool, string) {
+	testwait.For(t, 3*time.Second, "both zone-a backends reached, zone-b never", func() (bool, string) {
 		for b, n := range callsTo(ctx, t, cc, 20) {
 			seen[b] += n
 		}
@@ -103,7 +104,7 @@ func TestCrossZoneOffHealthAndZoneShift(t *testing.T) {
 	waitHealthy(health.Unhealthy, 0)
 	// gRPC has no retries by default: calls in flight on the killed backend may fail until
 	// the new EDS arrives; after that every call succeeds, in zone-a.
-	eventually(t, 3*time.Second, "b1 out of the client's view", func() (bool, string) {
+	testwait.For(t, 3*time.Second, "b1 out of the client's view", func() (bool, string) {
 		c := map[string]int{}
 		for i := 0; i < 20; i++ {
 			b, err := call(ctx, cc, "x")
@@ -117,7 +118,7 @@ func TestCrossZoneOffHealthAndZoneShift(t *testing.T) {
 	killed := time.Now()
 	bs[1].srv.Stop()
 	waitHealthy(health.Unhealthy, 1)
-	took := eventually(t, 3*time.Second, "failover to zone-b", func() (bool, string) {
+	took := testwait.For(t, 3*time.Second, "failover to zone-b", func() (bool, string) {
 		c := map[string]int{}
 		for i := 0; i < 10; i++ {
 			b, err := call(ctx, cc, "f")
@@ -152,7 +153,7 @@ func TestZoneShift(t *testing.T) {
 	if err := s.Update(shifted); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "zone shift away from zone-a", func() (bool, string) {
+	testwait.For(t, 2*time.Second, "zone shift away from zone-a", func() (bool, string) {
 		c := callsTo(ctx, t, cc, 10)
 		return c["b3"] == 10, fmt.Sprint(c)
 	})

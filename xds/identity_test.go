@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/stickylb/stickylb/internal/grpctest"
-	"github.com/stickylb/stickylb/internal/testcert"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 )
 
 // mtlsXDS serves s with mutual TLS and returns a dialer presenting a given certificate.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 )
 
 // TestGRPCClientBesideOtherServices: a grpc-go client subscribes to its own service's

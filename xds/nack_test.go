@@ -8,6 +8,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/genproto/googleapis/rpc/status"
 )
@@ -82,7 +83,7 @@ func TestForgedNACKLeavesTheVictimAlone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	victim := newRawNode(t, ctx, s, "victim")
-	eventually(t, 5*time.Second, "the victim's first version acknowledged", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the victim's first version acknowledged", func() (bool, string) {
 		return s.ackedVersion("victim") == "1", s.ackedVersion("victim")
 	})
 	if err := s.Update(bigPools(t, 1, 4, 8080)); err != nil {
@@ -98,7 +99,7 @@ func TestForgedNACKLeavesTheVictimAlone(t *testing.T) {
 		forger.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "1", ResponseNonce: resp.Nonce,
 			ErrorDetail: &status.Status{Message: "forged"}})
 		// The forger's own stream may be rolled back; wait until its NACK was handled.
-		eventually(t, 5*time.Second, "the forged NACK handled", func() (bool, string) {
+		testwait.For(t, 5*time.Second, "the forged NACK handled", func() (bool, string) {
 			return s.Stats.NACKs.Load() == 1, "no NACK yet"
 		})
 	}

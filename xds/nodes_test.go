@@ -15,6 +15,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,7 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/stickylb/stickylb/internal/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
@@ -298,14 +299,14 @@ func TestMaxNodes(t *testing.T) {
 		t.Fatalf("a second stream of a live node: %v", err)
 	}
 	closeA()
-	eventually(t, 5*time.Second, "node a's first stream closed", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "node a's first stream closed", func() (bool, string) {
 		return s.streamsOf("a") == 1, fmt.Sprint(s.streamsOf("a"))
 	})
 	if _, _, err := adsNode(ctx, cc, "c", "zone-a"); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("node a still has a stream: %v, want ResourceExhausted", err)
 	}
 	closeA2()
-	eventually(t, 5*time.Second, "node a gone", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "node a gone", func() (bool, string) {
 		return s.streamsOf("a") == 0, fmt.Sprint(s.streamsOf("a"))
 	})
 	if _, _, err := adsNode(ctx, cc, "c", "zone-a"); err != nil {

@@ -13,8 +13,9 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -57,7 +58,7 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 		return "no stickylb_panic metric"
 	}
 	all := func(want health.State) {
-		eventually(t, 5*time.Second, "health verdicts "+want.String(), func() (bool, string) {
+		testwait.For(t, 5*time.Second, "health verdicts "+want.String(), func() (bool, string) {
 			for i, b := range s.currentFile().Services[0].Backends {
 				if st := mon.View("api", b.Identity()); st != want {
 					return false, fmt.Sprintf("backend %d: %v", i, st)
@@ -85,16 +86,16 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 	// has not yet applied the new endpoints still routes on the old ones: so each phase
 	// waits for the gauge and for the client to ACK newer endpoints before it calls.
 	published := func(what, want, since string) {
-		eventually(t, 3*time.Second, what+": "+want, func() (bool, string) {
+		testwait.For(t, 3*time.Second, what+": "+want, func() (bool, string) {
 			g := gauge()
 			return g == want, g
 		})
-		eventually(t, 3*time.Second, what+": the client ACKs newer endpoints", func() (bool, string) {
+		testwait.For(t, 3*time.Second, what+": the client ACKs newer endpoints", func() (bool, string) {
 			v := ackedOf(s, "fail-open-client")["endpoint"]
 			return v != "" && v != since, "endpoint version " + v
 		})
 	}
-	eventually(t, 3*time.Second, "calls with every backend healthy", routes)
+	testwait.For(t, 3*time.Second, "calls with every backend healthy", routes)
 	if g := gauge(); g != `stickylb_panic{service="api"} 0` {
 		t.Fatalf("healthy: %s", g)
 	}
@@ -102,7 +103,7 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 	hp.Close() // every backend's health check now fails
 	all(health.Unhealthy)
 	published("every backend down", `stickylb_panic{service="api"} 1`, before)
-	took := eventually(t, 3*time.Second, "calls with every backend down (fail open)", routes)
+	took := testwait.For(t, 3*time.Second, "calls with every backend down (fail open)", routes)
 	t.Logf("every backend down: the client routes to them %s after it applied the panic view", took.Round(time.Millisecond))
 	before = ackedOf(s, "fail-open-client")["endpoint"]
 	back, err := net.Listen("tcp", hp.Addr().String())
@@ -112,7 +113,7 @@ func TestEveryBackendDownFailsOpen(t *testing.T) {
 	defer back.Close()
 	all(health.Healthy)
 	published("recovered", `stickylb_panic{service="api"} 0`, before)
-	eventually(t, 3*time.Second, "calls after the recovery", routes)
+	testwait.For(t, 3*time.Second, "calls after the recovery", routes)
 }
 
 // TestPanicStatuses: in panic the non-draining backends are published UNKNOWN; a draining

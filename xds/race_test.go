@@ -8,9 +8,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
-
-	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // endpointCount is how many endpoints service svc-0 has in what the cache holds for key.

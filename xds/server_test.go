@@ -17,21 +17,14 @@ import (
 	maglevv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/maglev/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/stickylb/stickylb/internal/testwait"
 )
-
-// eventually polls cond every 20ms until within elapses, then fails with what it saw last.
-func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) time.Duration {
-	t.Helper()
-	return testwait.Until(t, within, 20*time.Millisecond, what, cond)
-}
 
 // ackedOf is the version node id's stream has ACKed of each type, by short type name
 // ("cluster", "endpoint", ...), from the server's own state; nil when it has no stream.
@@ -96,13 +89,13 @@ func TestPoolsEditFollowedAndInvalidEditIgnored(t *testing.T) {
 		t.Fatalf("before the edit: %v %v", c, err)
 	}
 	write(src(2)) // b3 leaves
-	took := eventually(t, 2*time.Second, "client follows the edit", func() (bool, string) {
+	took := testwait.For(t, 2*time.Second, "client follows the edit", func() (bool, string) {
 		c, err := spread(ctx, t, cc, 60)
 		return err == nil && c["b3"] == 0, fmt.Sprint(c, err)
 	})
 	t.Logf("client followed the edit in %s", took.Round(time.Millisecond))
 	write("services:\n  - name: api\n    protocol: grpc\n    balance: maglev-typo\n")
-	eventually(t, 2*time.Second, "invalid edit counted", func() (bool, string) {
+	testwait.For(t, 2*time.Second, "invalid edit counted", func() (bool, string) {
 		return s.Stats.ReloadErrors.Load() == 1, fmt.Sprint(s.Stats.ReloadErrors.Load())
 	})
 	if c, err := spread(ctx, t, cc, 60); err != nil || c["b3"] != 0 || c["b1"] == 0 || c["b2"] == 0 {
@@ -123,7 +116,7 @@ func TestNACKRollsBack(t *testing.T) {
 	if _, err := spread(ctx, t, cc, 20); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "first snapshot acknowledged", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "first snapshot acknowledged", func() (bool, string) {
 		return s.ackedVersion("nack-node") != "", "no ack"
 	})
 	s.mutate = func(r *Resources) {
@@ -138,13 +131,13 @@ func TestNACKRollsBack(t *testing.T) {
 	if err := s.Update(grpcPools(t, bs, []int{1, 1, 1}, "")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "NACK observed", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "NACK observed", func() (bool, string) {
 		return s.Stats.NACKs.Load() == 1, fmt.Sprint(s.Stats.NACKs.Load())
 	})
 	// The bad push is 4 responses; the rollback re-sends the 3 types the node had accepted
 	// at the bad version (its CDS is still at the good one). After that, nothing: let the
 	// client run and check that no response follows.
-	eventually(t, 5*time.Second, "rollback sent", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "rollback sent", func() (bool, string) {
 		p := s.Stats.Pushes.Load() - pushesBefore
 		return p == 7, fmt.Sprint(p)
 	})

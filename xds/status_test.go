@@ -11,11 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/loopback"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
@@ -80,7 +81,7 @@ func TestFleetStatusJSON(t *testing.T) {
 	defer h.Close()
 
 	var snap status.Snapshot
-	eventually(t, 5*time.Second, "both nodes ACK their views", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "both nodes ACK their views", func() (bool, string) {
 		v, _, _ := x.last()
 		snap = getStatus(t, h.URL)
 		if v == nil || len(snap.Nodes) != 2 || snap.Nodes[1].Versions["endpoint"] == "" || snap.Nodes[0].Versions["endpoint"] == "" ||
@@ -206,7 +207,7 @@ func TestFleetStatusLastCheck(t *testing.T) {
 	}
 	// The first probe within interval/10, its result within the timeout; 2 s of slack.
 	var snap *status.Snapshot
-	eventually(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on both backends", func() (bool, string) {
+	testwait.For(t, 100*time.Millisecond+500*time.Millisecond+2*time.Second, "verdicts on both backends", func() (bool, string) {
 		snap = s.Status()
 		bs := snap.Services[0].Backends
 		return bs[0].Health.State == status.Healthy && bs[1].Health.State == status.Unhealthy, fmt.Sprintf("%+v", bs)
@@ -225,7 +226,7 @@ func TestFleetStatusLastCheck(t *testing.T) {
 		t.Fatalf("backend of a service without a health_check: %+v, want unknown and no last check", h)
 	}
 	first := *web.Backends[0].Health.LastCheck
-	eventually(t, time.Second+500*time.Millisecond+2*time.Second, "the last check moves with the next probe", func() (bool, string) {
+	testwait.For(t, time.Second+500*time.Millisecond+2*time.Second, "the last check moves with the next probe", func() (bool, string) {
 		h := s.Status().Services[0].Backends[0].Health
 		return h.LastCheck != nil && h.LastCheck.After(first), fmt.Sprintf("%v, first %v", h.LastCheck, first)
 	})

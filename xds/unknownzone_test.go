@@ -10,12 +10,13 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 )
 
 const unknownZonePools = `services:
@@ -102,13 +103,13 @@ func TestUnknownZoneCounted(t *testing.T) {
 		}
 		startFleetNode(t, c, decode)
 		want := uint64(2 + i)
-		eventually(t, 5*time.Second, c.UserAgentName+" node of an unknown zone counted", func() (bool, string) {
+		testwait.For(t, 5*time.Second, c.UserAgentName+" node of an unknown zone counted", func() (bool, string) {
 			return count() == want, fmt.Sprint(count())
 		})
 	}
 	// A Caddy node of a named zone is not counted.
 	startCaddyNode(t, addr, "h2/caddy", "z1")
-	eventually(t, 5*time.Second, "the named-zone Caddy node admitted", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "the named-zone Caddy node admitted", func() (bool, string) {
 		return len(s.Nodes()) == 6, fmt.Sprint(s.Nodes())
 	})
 	if n := count(); n != 3 {

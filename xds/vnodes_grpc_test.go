@@ -9,9 +9,9 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/stickylb/stickylb/internal/grpctest"
-	"github.com/stickylb/stickylb/internal/healthtest"
-	"github.com/stickylb/stickylb/internal/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
+	"github.com/stickylb/stickylb/internal/testkit/healthtest"
+	"github.com/stickylb/stickylb/internal/testkit/poolstest"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
 )

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/stickylb/stickylb/policies/pools"
@@ -36,7 +37,7 @@ func TestWatchRefusesOversizeBeforeReading(t *testing.T) {
 	if err := os.WriteFile(path, []byte(src+"# edited\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "valid edit applied", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "valid edit applied", func() (bool, string) {
 		return s.Stats.Reloads.Load() >= 1, fmt.Sprint(s.Stats.Reloads.Load())
 	})
 	const size = 64 << 20
@@ -45,7 +46,7 @@ func TestWatchRefusesOversizeBeforeReading(t *testing.T) {
 	if err := os.Truncate(path, size); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "oversize edit counted", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "oversize edit counted", func() (bool, string) {
 		return s.Stats.ReloadErrors.Load() >= 1, fmt.Sprint(s.Stats.ReloadErrors.Load())
 	})
 	cancel()

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 )
 
 // Under `ip netns exec` (a mount namespace of its own, /sys remounted, so no bpffs at

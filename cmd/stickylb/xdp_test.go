@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 )
 
 // The loader's start-up errors, each as a user meets it: a message that says what to fix and

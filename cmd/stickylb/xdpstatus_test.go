@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/stickylb/stickylb/internal/xdptest"
+	"github.com/stickylb/stickylb/internal/testkit/xdptest"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/status"
 )

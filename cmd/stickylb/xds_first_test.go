@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/policies/health"
 )
 

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/stickylb/stickylb/internal/testcert"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 )
 
 func TestXDSInvalidFileAtStart(t *testing.T) {

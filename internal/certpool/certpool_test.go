@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stickylb/stickylb/internal/testcert"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 )
 
 func TestFromFile(t *testing.T) {

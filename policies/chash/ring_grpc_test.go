@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	"github.com/stickylb/stickylb/internal/fanout"
+	"github.com/stickylb/stickylb/internal/testkit/fanout"
 )
 
 // External truth for the ring: grpc-go's real ring_hash balancer, over real gRPC servers on

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/loopback"
-	"github.com/stickylb/stickylb/internal/testwait"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // schedSlack is the allowance added to bounds computed from the config: timer
@@ -280,7 +280,7 @@ func TestSlowSubscriberDoesNotStall(t *testing.T) {
 	}
 	reach := func(healthy bool) {
 		t.Helper()
-		waitFor(t, 2*time.Second, fmt.Sprintf("every target healthy=%v on the fast subscriber", healthy), func() (bool, string) {
+		testwait.For(t, 2*time.Second, fmt.Sprintf("every target healthy=%v on the fast subscriber", healthy), func() (bool, string) {
 			last := lastState(fast.all())
 			for _, tg := range targets {
 				if tr, ok := last[tg.ID]; !ok || tr.Healthy != healthy {
@@ -380,7 +380,7 @@ func TestRunStopsEverything(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(ctx) }()
 	// Wait until the hanging probes are in flight.
-	waitFor(t, 3*time.Second, "5 hanging requests", func() (bool, string) {
+	testwait.For(t, 3*time.Second, "5 hanging requests", func() (bool, string) {
 		n := hang.inFlight.Load()
 		return n == 5, fmt.Sprintf("%d in flight", n)
 	})
@@ -436,7 +436,7 @@ func TestRunStopsEverything(t *testing.T) {
 			t.Errorf("Subscribe after Run returned an open channel with data")
 		}
 	}
-	waitFor(t, 5*time.Second, "goroutines back to the count before the checker", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "goroutines back to the count before the checker", func() (bool, string) {
 		n := runtime.NumGoroutine()
 		if n <= before {
 			return true, ""

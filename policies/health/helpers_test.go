@@ -9,15 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/testwait"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
-
-// waitFor polls cond until it holds or the timeout passes, then fails with
-// what cond last reported.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	testwait.Until(t, timeout, 2*time.Millisecond, what, cond)
-}
 
 // runChecker runs c until the returned stop (also run at cleanup) cancels it,
 // and checks that Run returns promptly.
@@ -76,7 +69,7 @@ func (c *collector) waitTransition(t *testing.T, timeout time.Duration, from int
 	t.Helper()
 	var found Transition
 	idx := -1
-	waitFor(t, timeout, what, func() (bool, string) {
+	testwait.For(t, timeout, what, func() (bool, string) {
 		all := c.all()
 		for i := from; i < len(all); i++ {
 			if match(all[i]) {

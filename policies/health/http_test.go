@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 )
 
 // httpBackend is a real HTTP server on 127.0.0.1 whose answer a test flips.

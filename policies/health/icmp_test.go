@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"golang.org/x/sys/unix"
-
-	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 // requireICMP skips when this process can open neither a ping socket nor a
@@ -80,7 +79,7 @@ func TestICMPChecker(t *testing.T) {
 	}
 	// Several more probes must keep passing (replies matched to the right
 	// probe, no stale reply taken for a new one).
-	waitFor(t, 10*cfg.Interval, "4 consecutive successes on both", func() (bool, string) {
+	testwait.For(t, 10*cfg.Interval, "4 consecutive successes on both", func() (bool, string) {
 		snap := c.Snapshot()
 		for _, st := range snap {
 			if st.ConsecutiveSuccesses < 4 || st.State != Healthy {

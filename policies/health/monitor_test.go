@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 )
 
 // Monitor: an edit keeps the checker (and its verdicts) of a service whose

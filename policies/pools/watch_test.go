@@ -11,20 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/stickylb/stickylb/internal/testwait"
 )
 
 const watchSrc = "services:\n  - {name: a, protocol: http, listen: 127.0.0.1:1, backends: [{address: 10.0.0.1:80}]}\n"
-
-// waitFor polls cond until it holds or within passes (the watcher polls every 5 ms; the
-// deadline is that times a few hundred, for a loaded CI machine).
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	testwait.Until(t, within, 5*time.Millisecond, what, func() (bool, string) { return cond(), "" })
-}
 
 func writeAtomically(t *testing.T, path, src string) {
 	t.Helper()
@@ -68,10 +60,10 @@ func TestWatcher(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
-	waitFor(t, 5*time.Second, "the edit made before Run applied", func() bool { return nApplied() == 1 })
+	testwait.For(t, 5*time.Second, "the edit made before Run applied", func() (bool, string) { return nApplied() == 1, "" })
 
 	writeAtomically(t, path, "services:\n  - name: a\n    protocol: http\n    balance: magelv\n")
-	waitFor(t, 5*time.Second, "the invalid edit counted", func() bool { return errs.Load() == 1 })
+	testwait.For(t, 5*time.Second, "the invalid edit counted", func() (bool, string) { return errs.Load() == 1, "" })
 	var lines []string
 	for _, e := range logs.FilterMessageSnippet("invalid pools file edit").All() {
 		lines = append(lines, e.ContextMap()["error"].(string))
@@ -84,16 +76,16 @@ func TestWatcher(t *testing.T) {
 	}
 	// The bad content stays while the watcher polls on; a later good edit proves it did.
 	writeAtomically(t, path, "# a comment first\n"+"services:\n  - name: a\n    protocol: http\n    balance: magelv\n")
-	waitFor(t, 5*time.Second, "the second invalid edit counted", func() bool { return errs.Load() == 2 })
+	testwait.For(t, 5*time.Second, "the second invalid edit counted", func() (bool, string) { return errs.Load() == 2, "" })
 	writeAtomically(t, path, watchSrc+"# good again\n")
-	waitFor(t, 5*time.Second, "the good edit applied", func() bool { return nApplied() == 2 })
+	testwait.For(t, 5*time.Second, "the good edit applied", func() (bool, string) { return nApplied() == 2, "" })
 	if n := errs.Load(); n != 2 {
 		t.Fatalf("%d errors counted for two invalid edits: each must count once however many polls see it", n)
 	}
 
 	refuse.Store(true)
 	writeAtomically(t, path, watchSrc+"# refused\n")
-	waitFor(t, 5*time.Second, "the refused edit counted", func() bool { return errs.Load() == 3 })
+	testwait.For(t, 5*time.Second, "the refused edit counted", func() (bool, string) { return errs.Load() == 3, "" })
 
 	cancel()
 	select {

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	xdsgrpc "google.golang.org/grpc/xds"
 
-	"github.com/stickylb/stickylb/internal/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 )
 
 const (

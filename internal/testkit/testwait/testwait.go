@@ -8,6 +8,16 @@ import (
 	"time"
 )
 
+// Interval is how often For polls: short, so a test waits little past the moment its
+// condition holds, and long enough that polling costs the machine nothing.
+const Interval = 10 * time.Millisecond
+
+// For is Until at Interval: the wait every test uses unless it needs its own pace.
+func For(tb testing.TB, within time.Duration, what string, cond func() (bool, string)) time.Duration {
+	tb.Helper()
+	return Until(tb, within, Interval, what, cond)
+}
+
 // Until calls cond every interval until it holds, and returns how long that took. When
 // within has passed first, it fails tb with what and what cond last reported.
 func Until(tb testing.TB, within, interval time.Duration, what string, cond func() (bool, string)) time.Duration {

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/stickylb/stickylb/internal/netnstest"
+	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 	"github.com/stickylb/stickylb/l4xdp"
 )
 

@@ -32,6 +32,8 @@ type xdsOptions struct {
 	tlsCert, tlsKey, clientCA string
 	poll                      time.Duration
 	maxNodes                  int
+	// replica: the replicated mode's flags (--etcd and what goes with it).
+	replica replicaFlags
 }
 
 func xdsCmd(args []string, stderr io.Writer) int {
@@ -46,8 +48,12 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
 	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
 	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
+	o.replica.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if o.replica.store.etcd != "" && fs.NArg() == 0 {
+		return replicaCmd(o, stderr)
 	}
 	if o.pools == "" || fs.NArg() != 0 {
 		fmt.Fprint(stderr, "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
@@ -71,20 +77,11 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	if !ok {
 		return 1
 	}
-	var opts []grpc.ServerOption
-	if o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" {
-		creds, err := serverTLS(o)
-		if err != nil {
-			fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
-			return 1
-		}
-		opts = append(opts, grpc.Creds(creds))
+	opts, err := grpcOptions(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
+		return 1
 	}
-	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Find streams whose node vanished without closing them within a minute: until
-		// then their node id is taken (a reconnect from another address or certificate is
-		// refused) and their state is kept.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second}))
 	var s *xds.Server
 	hlog := healthlog.New(log)
 	services := pools.HealthServices(f.Services)
@@ -139,12 +136,29 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),
-		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", len(opts) > 1))
+		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", o.tlsCert != ""))
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)
 	}
 	<-ctx.Done()
 	return 0
+}
+
+// grpcOptions are the xDS gRPC server's options: TLS as the flags say, keepalive.
+func grpcOptions(o xdsOptions) ([]grpc.ServerOption, error) {
+	var opts []grpc.ServerOption
+	if o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" {
+		creds, err := serverTLS(o)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	return append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Find streams whose node vanished without closing them within a minute: until
+		// then their node id is taken (a reconnect from another address or certificate is
+		// refused) and their state is kept.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second})), nil
 }
 
 // firstVerdictSlack is added to the health checks' first-verdict bound before the control

@@ -53,7 +53,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
 	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
 	var xn xdsNode
-	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools")
+	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools; several replicas comma-separated, tried in order")
 	fs.StringVar(&xn.nodeID, "node-id", "", "node id sent to the control plane (default HOST/xdp/IFACE)")
 	fs.StringVar(&xn.zone, "zone", "", "this node's zone: with cross_zone false, new flows go to its zone's backends first; with --xds, sent to the control plane as the node's locality")
 	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -22,7 +23,7 @@ import (
 
 // xdsNode is how `stickylb xdp --xds` reaches its control plane.
 type xdsNode struct {
-	server, nodeID, zone string
+	server, nodeID, zone string // server: one address, or the replicas' comma-separated
 	ca, cert, key        string
 }
 
@@ -41,7 +42,7 @@ func defaultNodeID(iface string) string {
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
 func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
-		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
+		Servers: strings.Split(n.server, ","), NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
 	}, log)
 	if err != nil {

@@ -103,12 +103,12 @@ func TestLeaderCrashFailsOverWithoutRewrite(t *testing.T) {
 	before, applied := rg.state(), n.applied.Load()
 	crashed := time.Now()
 	rs["r1"].crash()
-	rg.waitFor(testTTL+pushSlack-time.Since(crashed), "r2 leads", func() (bool, string) { return rs["r2"].r.leading.Load(), "" })
-	t.Logf("r2 leads %s after r1 crashed (lease %s)", time.Since(crashed).Round(time.Millisecond), testTTL)
 	rg.waitFor(testTTL+pushSlack, "the node moved to r2", func() (bool, string) {
 		return n.c.Connected() && n.version() == fmt.Sprint(before.Revision), n.version()
 	})
 	t.Logf("the node reconnected to r2 %s after r1 crashed", time.Since(crashed).Round(time.Millisecond))
+	rg.waitFor(testTTL+pushSlack-time.Since(crashed), "r2 leads", func() (bool, string) { return rs["r2"].r.leading.Load(), "" })
+	t.Logf("r2 leads %s after r1 crashed (lease %s)", time.Since(crashed).Round(time.Millisecond), testTTL)
 	// Bounded observation: two reconcile rounds and a probe interval of the new leader.
 	time.Sleep(2*reconcileEvery + time.Second)
 	if after := rg.state(); after.Revision != before.Revision {

@@ -120,12 +120,11 @@ func (rn *running) stop() {
 }
 
 // crash ends the replica as SIGKILL does: its connections drop and nothing is said to
-// etcd (its lease runs out).
+// etcd (its lease runs out). Its loops end in the background.
 func (rn *running) crash() {
 	rn.cli.Close()
 	rn.g.Stop()
 	rn.cancel()
-	<-rn.done
 }
 
 // node is an XDP-group ADS client that records what it applies.

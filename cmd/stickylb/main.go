@@ -65,6 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return xdpCmd(args[1:], stdout, stderr)
 	case "pools":
 		return poolsCmd(args[1:], stdout, stderr)
+	case "ctl":
+		return ctlCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

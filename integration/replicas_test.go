@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -431,6 +433,17 @@ http://%s {
 		killed := time.Now()
 		rg.replicas[leader].kill()
 		rg.replicas[leader] = nil
+		// A node of the killed replica is on another within 2 s (the goal), having applied
+		// nothing for the move (checked below).
+		for _, n := range adsNodes {
+			if on[n] != leader {
+				continue
+			}
+			moved := testwait.For(t, 2*time.Second, n+" on another replica", func() (bool, string) {
+				return connected(n) && server(n) != leader, server(n)
+			})
+			t.Logf("%s moved from %s to %s %s after the kill", n, leader, server(n), moved.Round(time.Millisecond))
+		}
 		var alive []string
 		for _, r := range replicas {
 			if r != leader {
@@ -445,14 +458,6 @@ http://%s {
 		bound := rpTTL + rpInterval*rpUnhealthy + rpTimeout + faPushSlack
 		testwait.For(t, bound-time.Since(killed), "b2 and g2 out of every tier", servesOnly([]string{"b3"}, []string{"g3"}))
 		t.Logf("b2, g2 out of every tier %s after the leader's kill (bound %s)", time.Since(killed).Round(time.Millisecond), bound)
-		testwait.For(t, faPushSlack, "every node connected", func() (bool, string) {
-			for _, n := range adsNodes {
-				if !connected(n) {
-					return false, n
-				}
-			}
-			return true, ""
-		})
 		close(stop)
 		<-sampled
 		if len(reverts) > 0 {
@@ -470,6 +475,190 @@ http://%s {
 			}
 		}
 	})
+
+	// r2 (the leader now, with both XDP nodes) cut off from etcd, both ways, as b1 and g1
+	// return: r3 takes the lead within the lease TTL, finds them up within an interval
+	// and a timeout; r2 stops serving within the store timeout (plus a heartbeat) and its
+	// nodes move to r3. No node holds the change later than another by more than the
+	// store timeout (plus the push slack).
+	tp.phase("a replica cut off from etcd", func(t *testing.T) {
+		cut := "r2"
+		rg.cut(cut)
+		cutAt := time.Now()
+		serveBackend("b1")
+		// g1 still serves (only its health port was closed): its health port opens again.
+		rg.backends["g1"].health = faListener(tp.root, fmt.Sprintf("%s:%d", rpHosts["g1"], faGRPCHealth))
+		stopped := testwait.For(t, rpStoreTimeout+time.Second+faPushSlack, cut+" stops serving", func() (bool, string) {
+			v := rg.metric(cut, "stickylb_xds_serving")
+			return v == "0", v
+		})
+		t.Logf("%s stopped serving %s after the cut (--store-timeout %s)", cut, stopped.Round(time.Millisecond), rpStoreTimeout)
+		first := map[string]time.Duration{}
+		bound := max(rpTTL+rpInterval+rpTimeout, rpStoreTimeout+time.Second) + faPushSlack
+		testwait.For(t, bound-time.Since(cutAt), "every tier sends new sessions to b1 or g1 again", func() (bool, string) {
+			var saw []string
+			for _, tier := range tierOrder {
+				if _, ok := first[tier]; ok {
+					continue
+				}
+				got, err := tiers[tier]()
+				if err == nil && (got["b1"] > 0 || got["g1"] > 0) {
+					first[tier] = time.Since(cutAt)
+					continue
+				}
+				saw = append(saw, fmt.Sprintf("%s: %v %v", tier, got, err))
+			}
+			return len(saw) == 0, strings.Join(saw, "; ")
+		})
+		lo, hi := bound, time.Duration(0)
+		for tier, d := range first {
+			on := "r3"
+			if tier != "grpc" {
+				on = server(tier)
+			}
+			t.Logf("%s took b1/g1 back %s after the cut (on %s)", tier, d.Round(time.Millisecond), on)
+			lo, hi = min(lo, d), max(hi, d)
+		}
+		if spread := hi - lo; spread > rpStoreTimeout+faPushSlack {
+			t.Errorf("the nodes took the change %s apart, over the store timeout %s plus the push slack", spread, rpStoreTimeout)
+		}
+		for _, n := range []string{"lb", "lb2"} {
+			if s := server(n); s == cut {
+				t.Errorf("%s still on the cut replica", n)
+			}
+		}
+		rg.uncut(cut)
+		uncut := time.Now()
+		testwait.For(t, rpTTL+5*time.Second, cut+" serves again", func() (bool, string) {
+			v := rg.metric(cut, "stickylb_xds_serving")
+			return v == "1", v
+		})
+		t.Logf("%s serves again %s after the cut ended", cut, time.Since(uncut).Round(time.Millisecond))
+		testwait.For(t, faPushSlack, "every live replica serves one revision", sameRevision)
+	})
+
+	// Every etcd member killed: every tier keeps forwarding on its last view (the replicas
+	// end their streams within the store timeout); etcd back: the replicas serve again
+	// within the lease TTL plus 5 s, and one change through the API (a drain of b3 and g3)
+	// reaches every tier: the ADS nodes within their backoff's ceiling (read from their
+	// stream ends) plus the push slack, grpc-go within its reconnect bound.
+	tp.phase("every etcd member stopped, then back", func(t *testing.T) {
+		ends := map[string]int{}
+		for _, n := range adsNodes {
+			ends[n], _ = strconv.Atoi(seriesValue(adsMetrics(n), "stickylb_xds_stream_ends_total"))
+		}
+		for _, m := range rg.etcd.Members() {
+			m.Kill()
+		}
+		down := time.Now()
+		testwait.For(t, rpStoreTimeout+time.Second+faPushSlack, "every ADS node's stream ended", func() (bool, string) {
+			for _, n := range adsNodes {
+				if connected(n) {
+					return false, n + " connected"
+				}
+			}
+			return true, ""
+		})
+		t.Logf("every ADS node's stream ended %s after etcd stopped", time.Since(down).Round(time.Millisecond))
+		if ok, saw := servesOnly([]string{"b1", "b3"}, []string{"g1", "g3"})(); !ok {
+			t.Fatalf("with etcd down: %s", saw)
+		}
+		rg.etcd.RestartAll(t)
+		back := time.Now()
+		outage := back.Sub(down)
+		live := []string{"r2", "r3"}
+		testwait.For(t, rpTTL+5*time.Second, "the replicas serve again", func() (bool, string) {
+			for _, r := range live {
+				if v := rg.metric(r, "stickylb_xds_serving"); v != "1" {
+					return false, r + "=" + v
+				}
+			}
+			return true, ""
+		})
+		t.Logf("the replicas serve again %s after etcd answered (outage %s; no leader for up to the lease TTL)", time.Since(back).Round(time.Millisecond), outage.Round(time.Millisecond))
+		if ok, saw := servesOnly([]string{"b1", "b3"}, []string{"g1", "g3"})(); !ok {
+			t.Fatalf("once etcd is back: %s", saw)
+		}
+		drained := time.Now()
+		for _, c := range [][]string{{"drain", "spread", rpHosts["b3"] + ":80"}, {"drain", "rpc", fmt.Sprintf("%s:%d", rpHosts["g3"], faGRPCPort)}} {
+			if out, err := rg.ctl("r3", c...); err != nil {
+				t.Fatalf("ctl %v: %v\n%s", c, err, out)
+			}
+		}
+		by := back
+		for _, n := range adsNodes {
+			e, _ := strconv.Atoi(seriesValue(adsMetrics(n), "stickylb_xds_stream_ends_total"))
+			by = maxTime(by, back.Add(adsReconnectBound((e-ends[n])/3+2)+faPushSlack))
+		}
+		by = maxTime(by, back.Add(grpcReconnectBound(outage)+faPushSlack))
+		by = maxTime(by, drained.Add(faPushSlack))
+		testwait.For(t, time.Until(by), "every tier drains b3 and g3", servesOnly([]string{"b1"}, []string{"g1"}))
+		t.Logf("the drain reached every tier %s after the API call (bound %s)", time.Since(drained).Round(time.Millisecond), by.Sub(drained).Round(time.Millisecond))
+	})
+
+	// The API refuses what it must and changes nothing then: two PUTs of the file with one
+	// If-Match give one success and one 409; a weight of 0 is a 400 naming the path; a
+	// wrong token and no credentials are 401s.
+	tp.phase("the change API", func(t *testing.T) {
+		revision := func() string {
+			out, err := rg.ctl("r3", "pools-get")
+			if err != nil {
+				t.Fatalf("pools-get: %v\n%s", err, out)
+			}
+			return out[strings.LastIndex(out, "revision "):]
+		}
+		before := revision()
+		rev := strings.Fields(before)[1]
+		pools := filepath.Join(rg.dir, "put.yaml")
+		tp.writeFile(pools, rpPools([]string{"b1", "b3"}, []string{"g1", "g3"}))
+		outs := make([]string, 2)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i, r := range []string{"r2", "r3"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				outs[i], errs[i] = rg.ctl(r, "pools-put", pools, "--if-match", rev)
+			}()
+		}
+		wg.Wait()
+		ok, conflict := 0, 0
+		for i := range outs {
+			switch {
+			case errs[i] == nil:
+				ok++
+			case strings.Contains(outs[i], "409"):
+				conflict++
+			}
+		}
+		if ok != 1 || conflict != 1 {
+			t.Fatalf("two PUTs with If-Match %s: %q %v", rev, outs, errs)
+		}
+		before = revision()
+		out, err := rg.ctl("r3", "weight", "spread", rpHosts["b1"]+":80", "0")
+		if want := "services[spread].backends[" + rpHosts["b1"] + ":80].weight: 0"; err == nil || !strings.Contains(out, "400") || !strings.Contains(out, want) {
+			t.Fatalf("weight 0: %v\n%s", err, out)
+		}
+		bad := exec.Command("ip", "netns", "exec", rg.tp.kit.Name("r3"), rg.bin, "ctl", "--api", "http://"+rpAPI,
+			"--token-file", filepath.Join(rg.dir, "badtoken"), "drain", "spread", rpHosts["b1"]+":80")
+		if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "401") {
+			t.Fatalf("a wrong token: %v\n%s", err, out)
+		}
+		var resp string
+		tp.inNS("r3", func() { resp = rawRequest(t, rpAPI, "POST /v1/services/spread/backends/"+rpHosts["b1"]+":80/drain") })
+		if !strings.HasPrefix(resp, "HTTP/1.1 401") {
+			t.Fatalf("no credentials: %q", resp)
+		}
+		if after := revision(); after != before {
+			t.Fatalf("refused requests changed the file: %s -> %s", before, after)
+		}
+		m := httpBody(fmt.Sprintf("http://%s:%d/metrics", rpHosts["r3"], rpAdminPort))
+		for _, want := range []string{`stickylb_xds_api_changes_total{op="backend_put",result="invalid"} 1`, `stickylb_xds_api_changes_total{op="backend_drain",result="unauthorized"} 2`} {
+			if !strings.Contains(m, want) {
+				t.Errorf("r3's metrics lack %s", want)
+			}
+		}
+	})
 }
 
 // grpcCallKey sends one Check with key as x-session through cc and returns the backend
@@ -478,4 +667,18 @@ func grpcCallKey(cc *grpc.ClientConn, key string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	return grpctest.Call(ctx, cc, key)
+}
+
+// rawRequest sends "METHOD PATH" without credentials to addr (from the calling thread's
+// namespace) and returns the answer's status line.
+func rawRequest(t *testing.T, addr, request string) string {
+	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "%s HTTP/1.1\r\nHost: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", request, addr)
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line)
 }

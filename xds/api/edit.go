@@ -16,7 +16,7 @@ import (
 // The change API edits the stored pools file as a YAML node tree, so `pools get` shows
 // its changes in the operator's file: comments, key order, quoting and flow or block
 // style are kept; blank lines are not (yaml.v3 does not keep them) and indentation is
-// re-made at two spaces.
+// re-made at two spaces; a flow mapping's value holding ':' is quoted.
 
 // errNotFound is a service, backend or zone the file does not have.
 type errNotFound struct{ what string }
@@ -128,6 +128,9 @@ func (d *doc) service(name string) (*yaml.Node, error) {
 // identity is a backend mapping's identity as the pools file defines it: its hash_key when
 // set, else its address.
 func identity(b *yaml.Node) string {
+	for b.Kind == yaml.AliasNode {
+		b = b.Alias
+	}
 	if b.Kind != yaml.MappingNode {
 		return ""
 	}

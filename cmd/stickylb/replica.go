@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/stickylb/stickylb/internal/certpool"
 	"github.com/stickylb/stickylb/xds"
@@ -118,6 +120,17 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 		StoreTimeout: rf.storeTimeout}, cli, log, xopts...)
 	g := grpc.NewServer(append(opts, grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
 	r.Server().Register(g)
+	// grpc.health.v1 on the xDS port: SERVING while the replica admits streams, for the
+	// health checks of an Envoy bootstrap (or a load balancer) in front of the replicas.
+	hs := grpchealth.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	r.Gate().OnChange(func(open bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if open {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		hs.SetServingStatus("", st)
+	})
 	go func() { _ = g.Serve(ln) }()
 	defer g.Stop()
 	adminAddr := ""

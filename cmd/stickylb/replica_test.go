@@ -15,6 +15,9 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/stickylb/stickylb/internal/testkit/etcdtest"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
@@ -36,6 +39,7 @@ services:
 type apiRig struct {
 	t              *testing.T
 	ep, api, admin string
+	xds            string
 	token          string
 	dir            string
 }
@@ -64,8 +68,8 @@ func newAPIRig(t *testing.T) *apiRig {
 	go func() {
 		defer close(done)
 		var stderr bytes.Buffer
-		if code := serveReplica(ctx, o, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), &stderr, func(_, admin, api string) {
-			rg.admin, rg.api = admin, api
+		if code := serveReplica(ctx, o, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), &stderr, func(xdsAddr, admin, api string) {
+			rg.xds, rg.admin, rg.api = xdsAddr, admin, api
 			close(ready)
 		}); code != 0 {
 			t.Errorf("serveReplica: %d %s", code, stderr.String())
@@ -208,6 +212,18 @@ func TestChangeAPI(t *testing.T) {
 	if !(codes[0] == 200 && codes[1] == 409 || codes[0] == 409 && codes[1] == 200) {
 		t.Fatalf("two PUTs with If-Match %s: %v, want one 200 and one 409", etag, codes)
 	}
+	// The replica's gRPC health service says it serves.
+	cc, err := grpc.NewClient(rg.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	testwait.For(t, 5*time.Second, "grpc.health.v1 SERVING", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING, fmt.Sprint(r, err)
+	})
 	m := rg.metrics()
 	for _, want := range []string{`stickylb_xds_api_changes_total{op="backend_drain",result="ok"} 1`,
 		`stickylb_xds_api_changes_total{op="backend_put",result="invalid"} 2`,

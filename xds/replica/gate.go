@@ -18,6 +18,18 @@ type Gate struct {
 	open   bool
 	reason string
 	closed chan struct{} // closed when the gate closes; a new one when it opens
+	// onChange, when set, is told every opening and closing (the gRPC health service).
+	onChange func(open bool)
+}
+
+// OnChange has f told, under the gate's lock, whether the gate is open now and whenever
+// that changes: the replica's gRPC health service reports SERVING only while it is, so an
+// Envoy bootstrap health-checking its replicas sends its ADS stream elsewhere.
+func (g *Gate) OnChange(f func(open bool)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.onChange = f
+	f(g.open)
 }
 
 // NewGate returns a closed gate that refuses streams for reason.
@@ -33,6 +45,9 @@ func (g *Gate) Open() {
 	defer g.mu.Unlock()
 	if !g.open {
 		g.open, g.reason, g.closed = true, "", make(chan struct{})
+		if g.onChange != nil {
+			g.onChange(true)
+		}
 	}
 }
 
@@ -44,6 +59,9 @@ func (g *Gate) Close(reason string) {
 	if g.open {
 		g.open = false
 		close(g.closed)
+		if g.onChange != nil {
+			g.onChange(false)
+		}
 	}
 }
 

@@ -96,7 +96,7 @@ func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
 		}
 		x.NodeID = host + "/caddy"
 	}
-	cfg := adsclient.Config{Servers: x.serverList(), NodeID: x.NodeID, Zone: x.Zone,
+	cfg := adsclient.Config{Server: x.Server, Servers: x.Servers, NodeID: x.NodeID, Zone: x.Zone,
 		UserAgentName: fleetview.UserAgentCaddy, TLS: adsclient.TLS{CAFile: x.CA, CertFile: x.Cert, KeyFile: x.Key}}
 	// The key holds everything the connection depends on: a reload that changes the zone or
 	// the TLS files starts a new subscription, one that changes nothing keeps the old one.
@@ -123,17 +123,20 @@ func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// serverList is every control-plane address of the source, Server first.
-func (x *XDSUpstreams) serverList() []string {
-	if x.Server == "" {
-		return x.Servers
-	}
-	return append([]string{x.Server}, x.Servers...)
+// servers is every control-plane address of the source, comma-separated: the
+// subscription's key, the saved view's name and the logs' label.
+func (x *XDSUpstreams) servers() string {
+	return serversOf(adsclient.Config{Server: x.Server, Servers: x.Servers})
 }
 
-// servers is the list comma-separated: the subscription's key, the saved view's name and
-// the logs' label.
-func (x *XDSUpstreams) servers() string { return strings.Join(x.serverList(), ",") }
+// serversOf is a client configuration's addresses, Server first, comma-separated.
+func serversOf(cfg adsclient.Config) string {
+	all := cfg.Servers
+	if cfg.Server != "" {
+		all = append([]string{cfg.Server}, all...)
+	}
+	return strings.Join(all, ",")
+}
 
 // Validate checks the settings.
 func (x *XDSUpstreams) Validate() error {
@@ -375,7 +378,7 @@ type savedView struct {
 }
 
 func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsSub, error) {
-	servers := strings.Join(cfg.Servers, ",")
+	servers := serversOf(cfg)
 	log = log.With(zap.String("xds_server", servers), zap.String("node", cfg.NodeID))
 	c, err := adsclient.New(cfg, log)
 	if err != nil {
@@ -410,7 +413,7 @@ func (s *xdsSub) load(cfg adsclient.Config) {
 	if err == nil {
 		err = json.Unmarshal(b, &sv)
 	}
-	if err == nil && (sv.View == nil || sv.Server != s.server || sv.NodeID != cfg.NodeID) {
+	if err == nil && (sv.View == nil || sv.Server != serversOf(cfg) || sv.NodeID != cfg.NodeID) {
 		err = errors.New("not a view of this server and node")
 	}
 	if err != nil {

@@ -2,8 +2,11 @@ package etcdtest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // A three-member cluster serves, keeps serving with one member killed, and serves again
@@ -20,9 +23,12 @@ func TestClusterStopKillRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Members()[0].Kill()
-	if _, err := cli.Put(ctx, "k", "v2"); err != nil {
-		t.Fatalf("two of three members: %v", err)
-	}
+	// The killed member may have led: the other two elect a leader within an election
+	// timeout (500 ms), and a request meanwhile times out.
+	testwait.For(t, 10*time.Second, "a write on two of three members", func() (bool, string) {
+		_, err := cli.Put(ctx, "k", "v2")
+		return err == nil, fmt.Sprint(err)
+	})
 	c.StopAll()
 	c.RestartAll(t)
 	WaitHealthy(t, cli, 20*time.Second)

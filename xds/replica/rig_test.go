@@ -40,9 +40,8 @@ type rig struct {
 
 func newRig(t testing.TB, members int) *rig {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs etcd: skipped under -short")
-	}
+	// Not skipped under -short: the race detector's pass (-race -short) must run the
+	// replica's loops against a real store.
 	c := etcdtest.Start(t, members, "127.0.0.1")
 	return &rig{t: t, etcd: c, keys: store.KeysOf("/rig"), cli: c.Client(t)}
 }

@@ -79,19 +79,7 @@ func TestReconnectBackoffResetsAfterHealthyStream(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there until the server starts
-	var mu sync.Mutex
-	var waits []time.Duration
-	clock := func(d time.Duration) <-chan time.Time {
-		mu.Lock()
-		waits = append(waits, d)
-		mu.Unlock()
-		return time.After(time.Millisecond) // the waits are recorded, not waited
-	}
-	recorded := func() []time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]time.Duration(nil), waits...)
-	}
+	clock, recorded := recordingClock(time.Millisecond) // the waits are recorded, not waited
 	const initial, maxWait = 100 * time.Millisecond, 800 * time.Millisecond
 	rec := newRecorder()
 	c := newClient(t, Config{Server: addr, NodeID: "n", Backoff: Backoff{Initial: initial, Max: maxWait}}, rec,
@@ -134,21 +122,12 @@ func TestServersTriedInRounds(t *testing.T) {
 		defer ln.Close()
 		return ln.Addr().String()
 	}
-	var mu sync.Mutex
-	var waits []time.Duration
-	clock := func(d time.Duration) <-chan time.Time {
-		mu.Lock()
-		waits = append(waits, d)
-		mu.Unlock()
-		return time.After(20 * time.Millisecond)
-	}
+	clock, recorded := recordingClock(20 * time.Millisecond)
+	base := 0 // waits recorded before the client counted
 	counts := func(c *Client) (int, uint64) {
-		mu.Lock()
-		w := len(waits)
-		mu.Unlock()
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return w, c.streamEnds
+		return len(recorded()) - base, c.streamEnds
 	}
 	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
 	if err := cache.SetSnapshot(context.Background(), "n", snapshot(t, "1", 1, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
@@ -163,10 +142,8 @@ func TestServersTriedInRounds(t *testing.T) {
 	}
 
 	dead := []string{closed(), closed(), closed()}
+	base = len(recorded()) // c is connected: it records no wait
 	c2 := newClient(t, Config{Servers: dead, NodeID: "n2"}, newRecorder(), func(c *Client) { c.after = clock })
-	mu.Lock()
-	waits = nil
-	mu.Unlock()
 	testwait.For(t, wait, "three rounds", func() (bool, string) {
 		w, ends := counts(c2)
 		return w >= 3, fmt.Sprint(w, " waits ", ends, " ends")
@@ -174,4 +151,23 @@ func TestServersTriedInRounds(t *testing.T) {
 	if w, ends := counts(c2); ends < uint64(3*w) || ends > uint64(3*(w+1)) {
 		t.Fatalf("%d stream ends for %d waits, want 3 per wait", ends, w)
 	}
+}
+
+// recordingClock is a client clock that records each wait asked of it and waits wait
+// instead; recorded returns the waits so far.
+func recordingClock(wait time.Duration) (clock func(time.Duration) <-chan time.Time, recorded func() []time.Duration) {
+	var mu sync.Mutex
+	var waits []time.Duration
+	clock = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		return time.After(wait)
+	}
+	recorded = func() []time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Duration(nil), waits...)
+	}
+	return clock, recorded
 }

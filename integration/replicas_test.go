@@ -49,10 +49,10 @@ const (
 	// replica without etcd for rpStoreTimeout stops serving.
 	rpTTL          = 2 * time.Second
 	rpStoreTimeout = 3 * time.Second
-	// Health checks: a backend is down after rpUnhealthy failed probes (two, so the
-	// leader can be killed while one is going down).
-	rpInterval  = time.Second
-	rpTimeout   = 500 * time.Millisecond
+	// Health checks: every faInterval, a backend down after rpUnhealthy failed probes
+	// (two, so the leader can be killed while one is going down).
+	rpInterval  = faInterval
+	rpTimeout   = faTimeout
 	rpUnhealthy = 2
 	rpXDSPort   = 18000
 	rpAdminPort = 18001
@@ -62,23 +62,7 @@ const (
 
 // rpPools is the stored pools file over the given backends of each service.
 func rpPools(vip, rpc []string) string {
-	var b strings.Builder
-	hc := func(port int) string {
-		return fmt.Sprintf("    health_check: {protocol: tcp, port: %d, interval: %s, timeout: %s, healthy_threshold: 1, unhealthy_threshold: %d}\n",
-			port, rpInterval, rpTimeout, rpUnhealthy)
-	}
-	b.WriteString("# the fleet's pools file, stored in etcd\nservices:\n")
-	fmt.Fprintf(&b, "  - name: spread\n    protocol: tcp\n    vip: %q\n    affinity: {mode: none}\n    balance: maglev\n", fmt.Sprintf("%s:%d", vip4, faVIPPort))
-	b.WriteString(hc(faVIPHealthPort) + "    backends:\n")
-	for _, h := range vip {
-		fmt.Fprintf(&b, "      - {address: \"%s:%d\"}\n", rpHosts[h], faVIPPort)
-	}
-	b.WriteString("  - name: rpc\n    protocol: grpc\n    affinity: {mode: header, header: {name: x-session}}\n    balance: ring_hash\n    hash: {min_ring_size: 1024, max_ring_size: 4096}\n")
-	b.WriteString(hc(faGRPCHealth) + "    backends:\n")
-	for _, h := range rpc {
-		fmt.Fprintf(&b, "      - {address: \"%s:%d\"}\n", rpHosts[h], faGRPCPort)
-	}
-	return b.String()
+	return "# the fleet's pools file, stored in etcd\n" + twoServicePools(rpHosts, rpUnhealthy, vip, rpc)
 }
 
 // newReplicaTopo: the fleet's bridge with the replicas' namespaces, and the host on it
@@ -90,16 +74,7 @@ func newReplicaTopo(t *testing.T) *topo {
 		v4:     func(h string) string { return rpHosts[h] },
 		via:    map[string]string{"cl": "lb", "cl2": "lb2"},
 	})
-	const hostIf = "slrh0"
-	_ = exec.Command("ip", "link", "del", hostIf).Run()
-	tp.kit.Run("ip", "link", "add", hostIf, "type", "veth", "peer", "name", "vhost", "netns", tp.kit.Name("br"))
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-	for _, h := range []string{"host", "g1", "g2", "g3"} {
-		tp.kit.Run("ip", "addr", "add", rpHosts[h]+"/24", "dev", hostIf)
-	}
-	tp.kit.Run("ip", "link", "set", hostIf, "up")
-	tp.in("br", "ip", "link", "set", "vhost", "up")
-	tp.in("br", "ip", "link", "set", "vhost", "master", "br0")
+	hostOnBridge(tp, "slrh0", rpHosts["host"], rpHosts["g1"], rpHosts["g2"], rpHosts["g3"])
 	return tp
 }
 

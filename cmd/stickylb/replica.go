@@ -10,8 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,23 +47,6 @@ func (f *replicaFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.apiKey, "api-key", "", "the API's key (PEM)")
 	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM): client certificates it signs authenticate to the API")
 	fs.StringVar(&f.apiTokens, "api-tokens", "", "file of `NAME TOKEN` lines: bearer tokens that authenticate to the API")
-}
-
-// replicaCmd runs `stickylb xds --etcd ...` until SIGINT or SIGTERM.
-func replicaCmd(o xdsOptions, stderr io.Writer) int {
-	if o.pools != "" {
-		fmt.Fprint(stderr, "stickylb xds: --etcd and --pools exclude each other: the replicas serve the pools file stored in etcd; load it with `stickylb pools apply FILE --etcd URL`\n")
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	log, err := zap.NewProduction()
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
-	defer log.Sync()
-	return serveReplica(ctx, o, log, stderr, nil)
 }
 
 // serveReplica runs one replica until ctx ends; ready, when set, receives the bound

@@ -52,11 +52,13 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if o.replica.store.etcd != "" && fs.NArg() == 0 {
-		return replicaCmd(o, stderr)
+	replicated := o.replica.store.etcd != ""
+	if replicated && o.pools != "" {
+		fmt.Fprint(stderr, "stickylb xds: --etcd and --pools exclude each other: the replicas serve the pools file stored in etcd; load it with `stickylb pools apply FILE --etcd URL`\n")
+		return 2
 	}
-	if o.pools == "" || fs.NArg() != 0 {
-		fmt.Fprint(stderr, "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
+	if o.pools == "" && !replicated || fs.NArg() != 0 {
+		fmt.Fprint(stderr, "usage: stickylb xds (--pools FILE | --etcd URL[,URL...] [--replica-id ID] [--api ADDR ...]) --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -67,6 +69,9 @@ func xdsCmd(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer log.Sync()
+	if replicated {
+		return serveReplica(ctx, o, log, stderr, nil)
+	}
 	return serveXDS(ctx, o, log, stderr, nil)
 }
 

@@ -78,7 +78,7 @@ func TestReconnectBackoffResetsAfterHealthyStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close() // nothing listens there until the server starts
+	ln.Close()                                          // nothing listens there until the server starts
 	clock, recorded := recordingClock(time.Millisecond) // the waits are recorded, not waited
 	const initial, maxWait = 100 * time.Millisecond, 800 * time.Millisecond
 	rec := newRecorder()

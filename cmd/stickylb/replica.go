@@ -18,7 +18,6 @@ import (
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/stickylb/stickylb/internal/certpool"
 	"github.com/stickylb/stickylb/xds"
 	"github.com/stickylb/stickylb/xds/api"
 	"github.com/stickylb/stickylb/xds/replica"
@@ -177,18 +176,10 @@ func apiListener(rf replicaFlags) (net.Listener, error) {
 		}
 		return net.Listen("tcp", rf.api)
 	}
-	cert, err := tls.LoadX509KeyPair(rf.apiCert, rf.apiKey)
+	// A certificate authenticates when given; without one a bearer token may.
+	cfg, err := tlsConfig(rf.apiCert, rf.apiKey, rf.apiClientCA, tls.VerifyClientCertIfGiven)
 	if err != nil {
-		return nil, fmt.Errorf("loading the API's key pair: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if rf.apiClientCA != "" {
-		pool, err := certpool.FromFile(rf.apiClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("reading --api-client-ca: %w", err)
-		}
-		// A certificate authenticates when given; without one a bearer token may.
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
+		return nil, fmt.Errorf("the API's TLS: %w", err)
 	}
 	return tls.Listen("tcp", rf.api, cfg)
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/stickylb/stickylb/internal/testkit/etcdtest"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
@@ -44,7 +47,7 @@ type apiRig struct {
 	dir            string
 }
 
-func newAPIRig(t *testing.T) *apiRig {
+func newAPIRig(t *testing.T, tune ...func(*replicaFlags)) *apiRig {
 	if testing.Short() {
 		t.Skip("runs etcd: skipped under -short")
 	}
@@ -62,6 +65,9 @@ func newAPIRig(t *testing.T) *apiRig {
 	o.listen, o.admin = "127.0.0.1:0", "127.0.0.1:0"
 	o.replica = replicaFlags{store: storeFlags{etcd: rg.ep, prefix: "/stickylb"}, leaseTTL: 1, storeTimeout: 2 * time.Second,
 		api: "127.0.0.1:0", apiTokens: tokens, id: "r1"}
+	for _, f := range tune {
+		f(&o.replica)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan struct{})
@@ -254,5 +260,41 @@ func TestReplicaFlagsRefused(t *testing.T) {
 	}
 	if code := run([]string{"ctl", "--help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "zone-drain") {
 		t.Fatalf("ctl --help: %d", code)
+	}
+}
+
+// The API over HTTPS with client certificates: a certificate the client CA signed
+// authenticates (ctl --cert --key --ca); a client with neither a certificate nor a token
+// gets 401; the audit names the certificate.
+func TestChangeAPIClientCertificates(t *testing.T) {
+	ca := testcert.NewCA(t, "api-ca")
+	dir := t.TempDir()
+	file := func(n string) string { return filepath.Join(dir, n) }
+	ca.WriteCA(file("ca.pem"))
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "api", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}}), file("api.pem"), file("api.key"))
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "operator-1"}), file("op.pem"), file("op.key"))
+	rg := newAPIRig(t, func(rf *replicaFlags) {
+		rf.apiTokens, rf.apiCert, rf.apiKey, rf.apiClientCA = "", file("api.pem"), file("api.key"), file("ca.pem")
+	})
+	code, _, errs := rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("op.pem"), "--key", file("op.key"), "--ca", file("ca.pem"),
+		"drain", "web", "10.0.1.2:8080")
+	if code != 0 {
+		t.Fatalf("drain with a client certificate: %s", errs)
+	}
+	if !strings.Contains(rg.stored(), "drain: true") {
+		t.Fatal("the drain was not stored")
+	}
+	code, out, errs := rg.run("pools", "get", "--etcd", rg.ep)
+	if code != 0 || !strings.Contains(errs, "cert:operator-1") {
+		t.Fatalf("stored by: %q %q", errs, out)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+	resp, err := hc.Get("https://" + rg.api + "/v1/pools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no certificate, no token: %s", resp.Status)
 	}
 }

@@ -152,16 +152,17 @@ func (r *Replica) heartbeat(ctx context.Context) {
 	}
 }
 
-// lose stops serving until the state has been read again.
+// lose stops serving until the state has been read again. It holds mu, as install does
+// when it opens the gate, so an install under way cannot open it again after this.
 func (r *Replica) lose(why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.connected.Store(false)
 	r.gate.Close("lost the store: " + why)
 	r.log.Error("lost the store: ending every xDS stream and refusing new ones until etcd answers", zap.String("why", why))
-	r.mu.Lock()
 	if r.cancelWatch != nil {
 		r.cancelWatch()
 	}
-	r.mu.Unlock()
 }
 
 // follow reads the whole state, serves it, and follows it by watch; it reads it whole
@@ -182,10 +183,10 @@ func (r *Replica) follow(ctx context.Context) {
 		wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		r.mu.Lock()
 		r.cancelWatch = stop
-		r.mu.Unlock()
 		if !r.connected.Swap(true) {
 			r.log.Info("store read", zap.Int64("revision", st.Revision))
 		}
+		r.mu.Unlock()
 		r.install(st)
 		for resp := range r.cli.Watch(wctx, r.cfg.Keys.State(), clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
 			if err := resp.Err(); err != nil {

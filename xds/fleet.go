@@ -51,7 +51,8 @@ const (
 )
 
 // viewKey is the view a node is served: XDP nodes share one, Caddy nodes another; Envoy and
-// gRPC nodes get their zone's when the file names it, else the cross-zone view.
+// gRPC nodes get their zone's when the file names it, else the cross-zone view "" (the
+// localities a zone no backend is in gets: every zone at priority 0).
 func viewKey(named map[string]bool, n Node) string {
 	switch n.Group {
 	case GroupXDP:
@@ -59,7 +60,10 @@ func viewKey(named map[string]bool, n Node) string {
 	case GroupCaddy:
 		return caddyView
 	}
-	return viewOf(named, n.Zone)
+	if named[n.Zone] {
+		return n.Zone
+	}
+	return ""
 }
 
 // viewNode is the node a view is built for.

@@ -289,15 +289,6 @@ func namedZones(f *pools.File) map[string]bool {
 	return out
 }
 
-// viewOf is the view a node of zone gets: its own when the file names it, else the
-// cross-zone view (what zones.Localities gives a zone it does not know).
-func viewOf(named map[string]bool, zone string) string {
-	if named[zone] {
-		return zone
-	}
-	return ""
-}
-
 func (s *Server) open(ctx context.Context, id int64) error {
 	ident := identityOf(ctx)
 	s.mu.Lock()

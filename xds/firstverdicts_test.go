@@ -58,8 +58,8 @@ func TestFirstVerdictsHold(t *testing.T) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, st := range s.streams {
-			if st.current != nil {
-				t.Fatalf("%s: the stream was set version %s during the hold", when, st.current.GetVersion(resource.EndpointType))
+			if st.acks.current != nil {
+				t.Fatalf("%s: the stream was set version %s during the hold", when, st.acks.current.GetVersion(resource.EndpointType))
 			}
 		}
 	}

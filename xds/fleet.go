@@ -148,8 +148,8 @@ func (s *Server) buildFleet(f *pools.File, group, version string, view HealthVie
 		}
 		endpoints = append(endpoints, l)
 	}
-	if s.mutateXDP != nil {
-		s.mutateXDP(clusters, endpoints)
+	if s.hooks.mutateXDP != nil {
+		s.hooks.mutateXDP(clusters, endpoints)
 	}
 	return cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{
 		resource.ListenerType: {},

@@ -3,8 +3,6 @@ package caddymodule
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -27,29 +25,6 @@ import (
 // as 3:1:2 grows to 3:1:2:2 and as the lightest backend turns unhealthy (the weight unit
 // stays the file's smallest weight, so the others keep their points).
 
-// pfShufflingEnv is grpc-go's switch for weighted pick-first shuffling, which turns endpoint
-// weights into rounded fractions before its ring sees them; false keeps them exact. grpc-go
-// reads it once at start, so a test that needs it re-runs itself in a child process.
-const pfShufflingEnv = "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING"
-
-// reranWithExactGRPCWeights runs the calling test again in a child process with
-// pfShufflingEnv=false and reports whether it did (the caller then returns); in the child it
-// returns false and the test runs.
-func reranWithExactGRPCWeights(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(pfShufflingEnv) == "false" {
-		return false
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), pfShufflingEnv+"=false")
-	out, err := cmd.CombinedOutput()
-	t.Logf("child (%s=false):\n%s", pfShufflingEnv, out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Fatalf("child failed: %v", err)
-	}
-	return true
-}
-
 // weightedAgreePools is the pools file of service api over bs with weights ws.
 func weightedAgreePools(t *testing.T, bs []*dualBackend, ws []uint32) *pools.File {
 	t.Helper()
@@ -65,8 +40,8 @@ func TestRingAgreementCaddyGRPCWeighted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy, an xDS server, a grpc-go client and 4 backends: 60,000 requests")
 	}
-	if reranWithExactGRPCWeights(t) {
-		return
+	if !grpctest.ExactWeights(t) {
+		return // the child runs it with exact weights: shuffling rounds them
 	}
 	t.Setenv("XDG_DATA_HOME", t.TempDir()) // where stickylb_xds saves its view
 	bs := startDualBackends(t, 4)

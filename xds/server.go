@@ -61,7 +61,7 @@ type stream struct {
 	view     string       // the view the stream is served: its zone if the file names it, else ""
 	keyNode  *corev3.Node // what the cache sees as the stream's node (its Id is key)
 	admitted bool         // the first request was accepted
-	acks     acks // what the stream was set, ACKed and rejected (acks.go)
+	acks     acks         // what the stream was set, ACKed and rejected (acks.go)
 }
 
 // nodeEntry counts a node id's live streams and holds the identity they share.

@@ -1,6 +1,7 @@
 // Package docs holds the tests that keep the documentation true to the code: the import
-// table of architecture.md against every package's imports, and the files README.md and
-// the guides name against the repository.
+// table of architecture.md against every package's imports, the files the commands of
+// README.md and the guides name against the repository, .ci/run's header against its
+// steps, and the licences README.md states against LICENSE and the BPF sources.
 package docs
 
 import (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -143,6 +144,57 @@ func TestPlanJSON(t *testing.T) {
 	bad := write(t, "bad.yaml", "services: 3\n")
 	if code := run([]string{"plan", "--pools", oldP, "--next", bad}, &out, &errb); code != 1 {
 		t.Fatalf("invalid next: exit %d", code)
+	}
+}
+
+// TestPlanExampleNext: README's plan command runs on the files the repository ships, and
+// pools.next.yaml stays pools.example.yaml with one backend more: their lines, comments
+// aside, differ by that backend alone, and plan sees one service changed, moving Maglev's
+// share of a fourth backend.
+func TestPlanExampleNext(t *testing.T) {
+	lines := func(path string) []string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if l, _, _ = strings.Cut(l, "#"); strings.TrimSpace(l) != "" {
+				out = append(out, strings.TrimRight(l, " "))
+			}
+		}
+		return out
+	}
+	example, next := lines("../../pools.example.yaml"), lines("../../pools.next.yaml")
+	const added = "      - {address: 10.0.6.4:8443, server_id: 4}"
+	i := slices.Index(next, added)
+	if i < 0 || !slices.Equal(slices.Delete(slices.Clone(next), i, i+1), example) {
+		t.Fatalf("pools.next.yaml is not pools.example.yaml plus %q: change both together", added)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"plan", "--pools", "../../pools.example.yaml", "--next", "../../pools.next.yaml", "--json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var got struct {
+		Services []struct {
+			Name, Change string
+			Moved, Ideal float64
+		} `json:"services"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v in %s", err, out.String())
+	}
+	var changed []string
+	for _, s := range got.Services {
+		if s.Change != "unchanged" {
+			changed = append(changed, s.Name)
+			if s.Name != "quic" || s.Ideal != 0.25 || s.Moved < 0.24 || s.Moved > 0.26 {
+				t.Errorf("%+v: want quic moving about its ideal 25%%", s)
+			}
+		}
+	}
+	if !slices.Equal(changed, []string{"quic"}) {
+		t.Fatalf("changed services %v, want [quic]:\n%s", changed, out.String())
 	}
 }
 

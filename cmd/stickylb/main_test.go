@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -256,5 +257,32 @@ func TestPlanVirtualNodes(t *testing.T) {
 	t.Logf("\n%s%s", errb.String(), out.String())
 	if !strings.Contains(out.String(), "GRPC RING") || !strings.Contains(out.String(), "4000->4096") || !strings.Contains(errb.String(), nextP+":6:") || !strings.Contains(errb.String(), "gRPC caps rings at 4096") {
 		t.Fatalf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	}
+}
+
+// TestHelpShowsArguments: every subcommand's -h prints its synopsis, with every argument the
+// command's line in the top-level usage names (FILE, OLD, ADDR, ...), then its flags, and
+// exits 0.
+func TestHelpShowsArguments(t *testing.T) {
+	placeholder := regexp.MustCompile(`\b[A-Z]+\b`)
+	for _, cmd := range [][]string{{"validate"}, {"plan"}, {"xds"}, {"xdp"}, {"xdp", "stats"}, {"xdp", "tables"}, {"xdp", "detach"}, {"xdp", "pass"}} {
+		name := strings.Join(cmd, " ")
+		var out, errb bytes.Buffer
+		code := run(append(slices.Clone(cmd), "-h"), &out, &errb)
+		help := errb.String()
+		if code != 0 || !strings.HasPrefix(help, "usage:") || !strings.Contains(help, "stickylb "+name+" ") || !strings.Contains(help, "\nflags:\n  -") {
+			t.Errorf("%s -h: exit %d, printed:\n%s", name, code, help)
+			continue
+		}
+		for _, l := range strings.Split(usage, "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "stickylb "+cmd[0]+" ") {
+				continue
+			}
+			for _, arg := range placeholder.FindAllString(l, -1) {
+				if !strings.Contains(help, arg) {
+					t.Errorf("%s -h does not show %s (the usage says %q):\n%s", name, arg, strings.TrimSpace(l), help)
+				}
+			}
+		}
 	}
 }

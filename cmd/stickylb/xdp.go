@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -42,8 +41,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
 		sub, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("xdp", xdpUsage, stderr)
 	poolsPath := fs.String("pools", "", "pools file (reloaded when it changes)")
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
@@ -62,7 +60,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	var nat natFlags
 	nat.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if sub == "" && *poolsPath != "" && xn.server != "" {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"go.uber.org/zap"
+
 	"github.com/stickylb/stickylb/policies/plan"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -86,6 +88,15 @@ func parseError(err error) int {
 		return 0
 	}
 	return 2
+}
+
+// newLogger is the long-running commands' logger: zap's production JSON, without stack
+// traces. Their Error lines report what is wrong with the input or the system (a refused
+// pools-file edit, a probe that cannot run), where a Go stack only hides the message.
+func newLogger(opts ...zap.Option) (*zap.Logger, error) {
+	cfg := zap.NewProductionConfig()
+	cfg.DisableStacktrace = true
+	return cfg.Build(opts...)
 }
 
 // load reads a pools file, printing its errors (every one, file:line first) and warnings.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stickylb/stickylb/l4xdp"
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 const xdpUsage = `usage:
@@ -105,7 +106,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
 		return 1
 	}
-	log, _ := zap.NewProduction()
+	log, _ := newLogger()
 	defer log.Sync()
 	if err := ensureBPFFS(cfg.PinRoot, log); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -136,16 +137,17 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
+	edits := status.NewConfigLog(*poolsPath, time.Now())
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}
 	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
 	fmt.Fprintln(stdout, "ready")
-	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log,
+	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log, Edits: edits,
 		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
 	w.Run(ctx)
 	return 0

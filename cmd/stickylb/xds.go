@@ -53,7 +53,7 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log, err := zap.NewProduction()
+	log, err := newLogger()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -70,7 +70,8 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		return 1
 	}
 	var opts []grpc.ServerOption
-	if o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" {
+	useTLS := o.tlsCert != "" || o.tlsKey != "" || o.clientCA != ""
+	if useTLS {
 		creds, err := serverTLS(o)
 		if err != nil {
 			fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
@@ -137,7 +138,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),
-		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", len(opts) > 1))
+		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", useTLS))
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)
 	}

@@ -544,8 +544,6 @@ func TestStatusPageRender1000(t *testing.T) {
 	pageWait(t, ctx, 5*time.Second, "20 draining rows", `document.querySelectorAll(".row[data-id]").length === 20 && document.querySelectorAll('.row[data-draining="0"]').length === 0`)
 }
 
-// TestStatusPageFleetReadOnly renders what the control plane's page will show: nodes by zone,
-// and no drain buttons where the page cannot drain (it says how to instead).
 // TestStatusPageFileAndNodes: the page of a control plane with no node connected says so;
 // a refused edit of its pools file shows as an alert with its first errors and how many
 // more, and goes once an edit applies; a draining backend's "since" says since when it
@@ -614,6 +612,8 @@ func TestStatusPageFileAndNodes(t *testing.T) {
 	t.Logf("after the edit applied: %q", text(`document.getElementById("nodes").innerText`))
 }
 
+// TestStatusPageFleetReadOnly renders what the control plane's page will show: nodes by zone,
+// and no drain buttons where the page cannot drain (it says how to instead).
 func TestStatusPageFleetReadOnly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("browser test")

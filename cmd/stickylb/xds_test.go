@@ -57,21 +57,8 @@ func TestXDSMutualTLS(t *testing.T) {
 	caFile, certFile, keyFile, clientCert, pool := pki(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addrs := make(chan string, 1)
-	done := make(chan int, 1)
 	log, logs := observedLogger(t)
-	go func() {
-		done <- serveXDS(ctx, xdsOptions{pools: "../../pools.example.yaml", listen: "127.0.0.1:0", tlsCert: certFile, tlsKey: keyFile, clientCA: caFile, poll: time.Second},
-			log, os.Stderr, func(g, _ string) { addrs <- g })
-	}()
-	var addr string
-	select {
-	case addr = <-addrs:
-	case code := <-done:
-		t.Fatalf("exited %d", code)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not serving")
-	}
+	addr, _, done := runXDS(ctx, t, xdsOptions{pools: "../../pools.example.yaml", listen: "127.0.0.1:0", tlsCert: certFile, tlsKey: keyFile, clientCA: caFile, poll: time.Second}, log)
 	if !servingTLS(t, logs) {
 		t.Fatal(`TLS xDS logged "tls": false`)
 	}
@@ -115,6 +102,27 @@ func TestXDSMutualTLS(t *testing.T) {
 	}
 }
 
+// runXDS runs serveXDS with o until ctx ends and returns its addresses once it serves, and
+// where its exit status will come.
+func runXDS(ctx context.Context, t *testing.T, o xdsOptions, log *zap.Logger) (grpcAddr, adminAddr string, done <-chan int) {
+	t.Helper()
+	type addrs struct{ grpc, admin string }
+	ready := make(chan addrs, 1)
+	exit := make(chan int, 1)
+	go func() {
+		exit <- serveXDS(ctx, o, log, os.Stderr, func(g, a string) { ready <- addrs{g, a} })
+	}()
+	select {
+	case a := <-ready:
+		return a.grpc, a.admin, exit
+	case code := <-exit:
+		t.Fatalf("exited %d", code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not serving")
+	}
+	return "", "", nil
+}
+
 // observedLogger is the commands' logger (newLogger) writing to logs instead of stderr.
 func observedLogger(t *testing.T) (*zap.Logger, *observer.ObservedLogs) {
 	core, logs := observer.New(zap.InfoLevel)
@@ -151,20 +159,7 @@ func TestXDSStatusShowsRefusedEdit(t *testing.T) {
 	log, logs := observedLogger(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	admins := make(chan string, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serveXDS(ctx, xdsOptions{pools: p, listen: "127.0.0.1:0", admin: "127.0.0.1:0", poll: 20 * time.Millisecond},
-			log, os.Stderr, func(_, admin string) { admins <- admin })
-	}()
-	var admin string
-	select {
-	case admin = <-admins:
-	case code := <-done:
-		t.Fatalf("exited %d", code)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not serving")
-	}
+	_, admin, done := runXDS(ctx, t, xdsOptions{pools: p, listen: "127.0.0.1:0", admin: "127.0.0.1:0", poll: 20 * time.Millisecond}, log)
 	if servingTLS(t, logs) {
 		t.Fatal(`plaintext xDS logged "tls": true`)
 	}

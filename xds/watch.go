@@ -20,12 +20,12 @@ func Watch(ctx context.Context, path string, interval time.Duration, s *Server, 
 	edits := status.NewConfigLog(path, time.Now())
 	s.edits.Store(edits)
 	w := pools.Watcher{
-		Edits:    edits,
 		Path:     path,
 		Interval: interval,
 		Current:  s.currentFile(),
 		Log:      log,
 		Errors:   &s.Stats.ReloadErrors,
+		Edits:    edits,
 		Apply: func(f *pools.File) error {
 			if err := s.Update(f); err != nil {
 				return err

@@ -138,6 +138,8 @@ type Server struct {
 	// requireIdentity: node ids must match the client certificate (WithNodeIdentity).
 	requireIdentity bool
 	Stats           Stats
+	// edits records the pools file's edits for the status page (set by Watch).
+	edits editLog
 
 	// verdicts: when each backend's verdict last changed, published to XDP nodes.
 	verdicts verdictTimes

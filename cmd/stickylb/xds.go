@@ -27,13 +27,13 @@ import (
 )
 
 func xdsCmd(args []string, stderr io.Writer) int {
-	o, ok := parseXDSFlags(args, stderr)
-	if !ok {
-		return 2
+	o, err := parseXDSFlags(args, stderr)
+	if err != nil {
+		return parseError(err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log, err := zap.NewProduction()
+	log, err := newLogger()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -32,19 +33,22 @@ func (o *xdsOptions) register(fs *flag.FlagSet) {
 // tls reports whether the flags ask for TLS (serverTLS checks that they go together).
 func (o *xdsOptions) tls() bool { return o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" }
 
-// parseXDSFlags reads `stickylb xds`'s arguments; false after a usage error, reported on
-// stderr.
-func parseXDSFlags(args []string, stderr io.Writer) (xdsOptions, bool) {
-	fs := flag.NewFlagSet("xds", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// errXDSUsage is a command line parseXDSFlags refused after its flags parsed: no --pools,
+// or arguments left over.
+var errXDSUsage = errors.New("stickylb xds: usage")
+
+// parseXDSFlags reads `stickylb xds`'s arguments. Its error is flag.ErrHelp for -h, or a
+// usage error already reported on stderr (parseError gives the exit status of either).
+func parseXDSFlags(args []string, stderr io.Writer) (xdsOptions, error) {
+	fs := newFlagSet("xds", xdsUsage, stderr)
 	var o xdsOptions
 	o.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return o, false
+		return o, err
 	}
 	if o.pools == "" || fs.NArg() != 0 {
-		fmt.Fprint(stderr, "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
-		return o, false
+		fmt.Fprint(stderr, xdsUsage)
+		return o, errXDSUsage
 	}
-	return o, true
+	return o, nil
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -40,6 +41,9 @@ type ReplicaStatus func() *status.Replica
 // WithReplicaStatus puts the replica's status on the status page.
 func WithReplicaStatus(f ReplicaStatus) Option { return func(s *Server) { s.replica = f } }
 
+// editLog holds the record of the pools file's edits that Watch keeps (nil without Watch).
+type editLog = atomic.Pointer[status.ConfigLog]
+
 // nodeStatus is what Status copies from a stream under the lock.
 type nodeStatus struct {
 	node      Node
@@ -63,8 +67,8 @@ func (s *Server) Status() *status.Snapshot {
 		if !st.admitted {
 			continue
 		}
-		n := nodeStatus{node: st.node, userAgent: st.keyNode.GetUserAgentName(), opened: st.opened, acked: make(map[string]string, len(st.ackedBy))}
-		for t, v := range st.ackedBy {
+		n := nodeStatus{node: st.node, userAgent: st.keyNode.GetUserAgentName(), opened: st.opened, acked: make(map[string]string, len(st.acks.ackedBy))}
+		for t, v := range st.acks.ackedBy {
 			n.acked[t] = v
 		}
 		nodes = append(nodes, n)
@@ -93,6 +97,8 @@ func (s *Server) Status() *status.Snapshot {
 		snap.Replica = s.replica()
 		snap.Actions.DrainHint = drainHintReplica
 	}
+
+	snap.Config = s.edits.Load().File()
 	return snap
 }
 

@@ -100,17 +100,7 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 		StoreTimeout: rf.storeTimeout}, cli, log, xopts...)
 	g := grpc.NewServer(append(opts, grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
 	r.Server().Register(g)
-	// grpc.health.v1 on the xDS port: SERVING while the replica admits streams, for the
-	// health checks of an Envoy bootstrap (or a load balancer) in front of the replicas.
-	hs := grpchealth.NewServer()
-	healthpb.RegisterHealthServer(g, hs)
-	r.Gate().OnChange(func(open bool) {
-		st := healthpb.HealthCheckResponse_NOT_SERVING
-		if open {
-			st = healthpb.HealthCheckResponse_SERVING
-		}
-		hs.SetServingStatus("", st)
-	})
+	registerHealth(g, r.Gate())
 	go func() { _ = g.Serve(ln) }()
 	defer g.Stop()
 	adminAddr := ""
@@ -124,16 +114,12 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 			return fail(fmt.Errorf("listening for admin: %w", err))
 		}
 		adminAddr = aln.Addr().String()
-		hs := &http.Server{Handler: r.Server().AdminHandler(collectors...), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(aln) }()
-		defer hs.Close()
+		defer serveHTTP(aln, r.Server().AdminHandler(collectors...))()
 	}
 	apiAddr := ""
 	if apiLn != nil {
 		apiAddr = apiLn.Addr().String()
-		hs := &http.Server{Handler: apiHandler.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(apiLn) }()
-		defer hs.Close()
+		defer serveHTTP(apiLn, apiHandler.Handler())()
 	}
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -146,6 +132,27 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 	<-ctx.Done()
 	<-done // the leader resigns, so the next one takes over without waiting for the lease
 	return 0
+}
+
+// registerHealth serves grpc.health.v1 on g: SERVING while gate admits xDS streams, for
+// the health checks of an Envoy bootstrap (or a load balancer) in front of the replicas.
+func registerHealth(g *grpc.Server, gate *replica.Gate) {
+	hs := grpchealth.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	gate.OnChange(func(open bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if open {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		hs.SetServingStatus("", st)
+	})
+}
+
+// serveHTTP serves h on ln until the returned function closes it.
+func serveHTTP(ln net.Listener, h http.Handler) (closeIt func()) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	return func() { hs.Close() }
 }
 
 // apiAuth reads the API's credentials: tokens and/or client certificates, at least one.

@@ -155,7 +155,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 
 // xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the
 // connection table's hits and misses.
-type xdpCollector struct{ fw *l4xdp.Tables }
+type xdpCollector struct{ tables *l4xdp.Tables }
 
 var (
 	descPathPackets    = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)
@@ -177,7 +177,7 @@ func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
-	st, err := c.fw.Stats()
+	st, err := c.tables.Stats()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(descPathPackets, err)
 		return

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,6 +23,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	xdsgrpc "google.golang.org/grpc/xds"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -134,23 +135,13 @@ func newFleetAllTopo(t *testing.T) *topo {
 }
 
 // faListener listens on addr and closes whatever connects: a health port.
-func faListener(t *testing.T, addr string) net.Listener {
+func faListener(t *testing.T, addr string) *loopback.Server {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return ln
+	return loopback.AcceptAndClose(t, ln)
 }
 
 // faGRPCBackend answers health Checks, naming itself in a response header.
@@ -181,7 +172,7 @@ func faGRPC(t *testing.T, name, ip string) *grpc.Server {
 // fails its checks.
 type faBackend struct {
 	data   func()
-	health net.Listener
+	health *loopback.Server
 }
 
 func (b *faBackend) kill() { b.data(); b.health.Close() }
@@ -439,7 +430,7 @@ func TestFleetAllTiers(t *testing.T) {
 		tp.readyNodes(bin, "lb", "lb2")
 		for _, h := range []string{"b1", "b2", "b3"} {
 			data, hc := tp.serve(h, faVIPPort), tp.serve(h, faVIPHealthPort)
-			backends[h] = &faBackend{data: data.kill, health: hc.lns[0]}
+			backends[h] = &faBackend{data: data.Close, health: hc}
 		}
 		for _, g := range []string{"g1", "g2", "g3"} {
 			gs := faGRPC(tp.root, g, faHosts[g])

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
@@ -123,89 +124,55 @@ func (tp *topo) noneReach(backend string, n int) (bool, string) {
 	return true, ""
 }
 
-// echoServer answers each connection with its name and a newline, then echoes lines.
-type echoServer struct {
-	name  string
-	lns   []net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func (tp *topo) serve(h string, ports ...int) *echoServer {
-	s := &echoServer{name: h}
+// serveIn serves, in namespace h, the TCP ports tcp (every address) with handle and the UDP
+// sockets bound to udp (each "host:port") with reply, until the test ends or the server is
+// closed (a backend that dies with its connections).
+func (tp *topo) serveIn(h string, tcp []int, handle func(net.Conn), udp []string, reply func(net.Addr, []byte) []byte) *loopback.Server {
+	tp.t.Helper()
+	s := loopback.NewServer(tp.root)
 	tp.inNS(h, func() {
-		for _, p := range ports {
+		for _, p := range tcp {
 			ln, err := net.Listen("tcp", ":"+strconv.Itoa(p))
 			if err != nil {
 				tp.t.Fatal(err)
 			}
-			s.lns = append(s.lns, ln)
+			s.Serve(ln, handle)
+		}
+		for _, a := range udp {
+			pc, err := net.ListenPacket("udp", a)
+			if err != nil {
+				tp.t.Fatal(err)
+			}
+			s.ServePackets(pc, reply)
 		}
 	})
-	for _, ln := range s.lns {
-		go func(ln net.Listener) {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				s.mu.Lock()
-				s.conns = append(s.conns, c)
-				s.mu.Unlock()
-				go func() {
-					fmt.Fprintf(c, "%s\n", s.name)
-					r := bufio.NewReader(c)
-					for {
-						line, err := r.ReadString('\n')
-						if err != nil {
-							return
-						}
-						if strings.HasPrefix(line, "big") {
-							c.Write(make([]byte, 1<<20))
-							continue
-						}
-						io.WriteString(c, line)
-					}
-				}()
-			}
-		}(ln)
-	}
-	tp.root.Cleanup(s.kill)
 	return s
+}
+
+// serve starts an echo server in namespace h on the TCP ports: it answers each connection
+// with its name and a newline, then echoes lines ("big" lines with 1 MiB).
+func (tp *topo) serve(h string, ports ...int) *loopback.Server {
+	return tp.serveIn(h, ports, func(c net.Conn) {
+		fmt.Fprintf(c, "%s\n", h)
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(line, "big") {
+				c.Write(make([]byte, 1<<20))
+				continue
+			}
+			io.WriteString(c, line)
+		}
+	}, nil, nil)
 }
 
 // serveUDP answers each datagram to the VIP's port 53 with the backend's name and the
 // datagram, from the VIP (the socket is bound to it): a DR reply.
 func (tp *topo) serveUDP(h string) {
-	var pc net.PacketConn
-	tp.inNS(h, func() {
-		var err error
-		if pc, err = net.ListenPacket("udp", vip4+":53"); err != nil {
-			tp.t.Fatal(err)
-		}
-	})
-	tp.root.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(append([]byte(h+" "), buf[:n]...), from)
-		}
-	}()
-}
-
-func (s *echoServer) kill() {
-	for _, ln := range s.lns {
-		ln.Close()
-	}
-	s.mu.Lock()
-	for _, c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
+	tp.serveIn(h, nil, nil, []string{vip4 + ":53"}, func(_ net.Addr, d []byte) []byte { return append([]byte(h+" "), d...) })
 }
 
 type vconn struct {
@@ -333,7 +300,7 @@ func readCounter(tp *topo, h, what string) int64 {
 // another (each a subtest; a failed phase stops the rest, which build on it).
 func TestXDPEndToEnd(t *testing.T) {
 	tp, bin, poolsFile := startXDPTest(t, newTopo)
-	servers := map[string]*echoServer{}
+	servers := map[string]*loopback.Server{}
 	var lp, lp2 *loaderProc
 	var conns []*vconn
 	var udpOnB1 net.Conn // a UDP socket whose flow went to b1
@@ -486,7 +453,7 @@ func TestXDPEndToEnd(t *testing.T) {
 	// 0.5s) plus 2s of slack; connections to the others survive.
 	tp.phase("a backend killed", func(t *testing.T) {
 		killed := time.Now()
-		servers["b1"].kill()
+		servers["b1"].Close()
 		took := time.Duration(0)
 		// A round passes only if 48 new connections in a row miss b1: while b1 is still in
 		// the table that happens by luck with probability (2/3)^48, under 1e-8.

@@ -55,14 +55,7 @@ func setupWith(t testing.TB, o Options) *fixture {
 	}
 	t.Cleanup(func() { f.Close() })
 	hosts := []chash.Host{{ID: "10.0.1.1:80", Weight: 1}, {ID: "10.0.1.2:80", Weight: 1}, {ID: "10.0.1.3:80", Weight: 2}}
-	m, err := chash.NewMaglev(hosts, 65537)
-	if err != nil {
-		t.Fatal(err)
-	}
-	table := make([]uint32, len(m.Table()))
-	for i, h := range m.Table() {
-		table[i] = uint32(h)
-	}
+	table := maglevSlots(t, hosts...)
 	for i, mac := range backMACs {
 		if err := f.SetBackend(uint32(i), Backend{MAC: mac, Alive: true}); err != nil {
 			t.Fatal(err)

@@ -173,27 +173,31 @@ func (r *xdpNATRig) portsReserved(t *testing.T) {
 	}
 }
 
+// dialNB connects through the IPv4 VIP's port 80 until a connection reaches nb (NAT), each
+// answered as checkWho wants, closing the others; it fails after perRound tries.
+func (r *xdpNATRig) dialNB(t *testing.T) *whoConn {
+	t.Helper()
+	for range r.perRound {
+		c, err := r.dialWho(vip4 + ":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.checkWho(t, c, r.client4, r.lb4)
+		if c.backend == "nb" {
+			return c
+		}
+		c.c.Close()
+	}
+	t.Fatalf("no connection reached nb in %d", r.perRound)
+	return nil
+}
+
 // A NAT flow streams through the restart: started before the loader stops, it goes on
 // while no loader runs (the program and its pinned maps stay) and after the new loader
 // has adopted them, every byte checked.
 // It builds on the NAT and DR connections of "auto", which must outlive the restart.
 func (r *xdpNATRig) restartKeepsFlow(t *testing.T) {
-	var c *whoConn
-	for i := 0; i < r.perRound && c == nil; i++ {
-		d, err := r.dialWho(vip4 + ":80")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.checkWho(t, d, r.client4, r.lb4)
-		if d.backend == "nb" {
-			c = d
-		} else {
-			d.c.Close()
-		}
-	}
-	if c == nil {
-		t.Fatalf("no connection reached nb in %d", r.perRound)
-	}
+	c := r.dialNB(t)
 	const chunk = 16 << 10
 	var streamed atomic.Int64
 	var stop atomic.Bool
@@ -332,21 +336,7 @@ func (r *xdpNATRig) icmpError(t *testing.T) {
 	// Only for this phase: a veth drops what its peer sends above its MTU, and nb's
 	// full-sized segments of a download would meet it.
 	defer r.kit.For(t).In("rt", "ip", "link", "set", "eth1", "mtu", "1500")
-	var c *whoConn
-	for i := 0; i < r.perRound && c == nil; i++ {
-		d, err := r.dialWho(vip4 + ":80")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.backend == "nb" {
-			c = d
-		} else {
-			d.c.Close()
-		}
-	}
-	if c == nil {
-		t.Fatalf("no connection reached nb in %d", r.perRound)
-	}
+	c := r.dialNB(t)
 	st0 := r.natStats(r.bin)
 	if err := c.put(1<<20, 10*time.Second); err != nil {
 		t.Fatalf("1 MiB upload to nb across a 1400-byte link: %v\nstats: %+v", err, r.natStats(r.bin))

@@ -98,6 +98,18 @@ func discriminating(t testing.TB, differ func(i int) bool) int {
 	return 0
 }
 
+// client6Where is the first of 100 IPv6 clients next to client6 (client6 itself first) for
+// which differ holds (see discriminating).
+func client6Where(t testing.TB, differ func(src netip.Addr) bool) netip.Addr {
+	t.Helper()
+	at := func(i int) netip.Addr {
+		a := client6.As16()
+		a[15] += byte(i)
+		return netip.AddrFrom16(a)
+	}
+	return at(discriminating(t, func(i int) bool { return differ(at(i)) }))
+}
+
 func serialize(t testing.TB, ls ...gopacket.SerializableLayer) []byte {
 	t.Helper()
 	buf := gopacket.NewSerializeBuffer()
@@ -282,12 +294,8 @@ func drFixtures(t *testing.T) []packetScenario {
 
 	// IPv6 fragments go by (src, dst, proto) among the VIP address's backends (vip6's UDP
 	// VIP hashes the 5-tuple): a client whose fragments hash elsewhere than its flow does.
-	frag6Src := client6
-	discriminating(t, func(i int) bool {
-		a := client6.As16()
-		a[15] += byte(i)
-		frag6Src = netip.AddrFrom16(a)
-		return fx.expect(flowHashInput(frag6Src, vip6, 0, 0, 17, false)) != fx.expect(flowHashInput(frag6Src, vip6, 7000, 53, 17, false))
+	frag6Src := client6Where(t, func(src netip.Addr) bool {
+		return fx.expect(flowHashInput(src, vip6, 0, 0, 17, false)) != fx.expect(flowHashInput(src, vip6, 7000, 53, 17, false))
 	})
 	frag6B := fx.expect(flowHashInput(frag6Src, vip6, 0, 0, 17, false))
 	udpHdr := []byte{0x1b, 0x58, 0, 53, 0, 40, 0, 0} // 7000 -> 53, length 40, no checksum

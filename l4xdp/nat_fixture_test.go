@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
+
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
@@ -43,6 +45,23 @@ func wantCounts(t *testing.T, f *Tables, want map[string]uint64) {
 		if got[name] != n {
 			t.Fatalf("path counter %s = %d, want %d (all: %v)", name, got[name], n, got)
 		}
+	}
+}
+
+// rewriteEntries puts every entry of m back as fn changes it.
+func rewriteEntries[K, V any](t *testing.T, m *ebpf.Map, fn func(K, *V)) {
+	t.Helper()
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fn(k, &v)
+		if err := m.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -170,22 +189,8 @@ func natFixtures(t *testing.T) []packetScenario {
 	age := func(d time.Duration) func(t *testing.T, r *packetRig) {
 		return func(t *testing.T, r *packetRig) {
 			t.Helper()
-			var nk lbNatKey
-			var ne lbNatEntry
-			for it := r.f.objs.NatRev.Iterate(); it.Next(&nk, &ne); {
-				ne.LastSeen -= uint64(d)
-				if err := r.f.objs.NatRev.Put(nk, ne); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var ck lbFlow
-			var cv lbConn
-			for it := r.f.objs.Conns.Iterate(); it.Next(&ck, &cv); {
-				cv.LastSeen -= uint64(d)
-				if err := r.f.objs.Conns.Put(ck, cv); err != nil {
-					t.Fatal(err)
-				}
-			}
+			rewriteEntries(t, r.f.objs.NatRev, func(_ lbNatKey, e *lbNatEntry) { e.LastSeen -= uint64(d) })
+			rewriteEntries(t, r.f.objs.Conns, func(_ lbFlow, c *lbConn) { c.LastSeen -= uint64(d) })
 		}
 	}
 	unA := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))

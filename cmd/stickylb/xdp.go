@@ -59,17 +59,18 @@ func runXDP(fl xdpFlags, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	if fl.node.server != "" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		return runXDPFleet(ctx, fl.cfg, fl.node, fl.metrics, log, stdout, stderr)
-	}
-	f, ok := load(fl.pools, stderr)
-	if !ok {
-		return 1
+	var f *pools.File
+	if fl.node.server == "" {
+		var ok bool
+		if f, ok = load(fl.pools, stderr); !ok {
+			return 1
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if fl.node.server != "" {
+		return runXDPFleet(ctx, fl.cfg, fl.node, fl.metrics, log, stdout, stderr)
+	}
 	return runXDPPools(ctx, fl, f, log, stdout, stderr)
 }
 

@@ -17,9 +17,10 @@ import (
 )
 
 // Packet fixtures through BPF_PROG_RUN, in the manner of Katran's tester: input bytes ->
-// expected action and output bytes (the table and its runner: packet_fixtures_test.go). Expected outputs are built with gopacket from the
-// expected backend, which the test computes from policies' Maglev table and the hash the
-// program documents (FNV-1a over the flow bytes), never captured from the program.
+// expected action and output bytes (the table and its runner: packet_fixtures_test.go).
+// Expected outputs are built with gopacket from the expected backend, which the test
+// computes from policies' Maglev table and the hash the program documents (FNV-1a over the
+// flow bytes), never captured from the program.
 
 var (
 	lbMAC     = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xaa}

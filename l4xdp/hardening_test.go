@@ -15,7 +15,8 @@ import (
 )
 
 // Reproductions of the connection table's faults (each failed before the table's new
-// layout), through BPF_PROG_RUN with expected bytes built by gopacket.
+// layout), through BPF_PROG_RUN with expected bytes built by gopacket: hardeningFixtures,
+// scenarios of the packet fixtures' table.
 
 // fill returns a table that sends every new flow to backend slot b.
 func fill(size int, b uint32) []uint32 {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestXDPMountsBPFFS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", kit.Name("lb"), bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic")
-	var logs strings.Builder
+	var logs lockedBuilder // the process writes it while the test reads it
 	cmd.Stderr = &logs
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -79,4 +80,23 @@ func TestXDPMountsBPFFS(t *testing.T) {
 			t.Errorf("the log does not say %q:\n%s", want, logs.String())
 		}
 	}
+}
+
+// lockedBuilder is a strings.Builder that a process's output may be copied into while the
+// test reads it.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 // The XDP forwarder end to end, in network namespaces made by the test: a client, the LB
@@ -380,7 +381,7 @@ func TestXDPEndToEnd(t *testing.T) {
 		{"a UDP flow leaves a down backend", []string{"udp 5-tuple", "a backend killed"}, r.udpLeavesDown},
 		{"loader restart", []string{"a backend killed"}, r.loaderRestart},
 		{"counters in stats and metrics", []string{"source_ip keeps a client on one backend", "ipv6", "udp 5-tuple", "a backend added mid-stream", "loader restart"}, r.counters},
-		{"a bad edit changes nothing", []string{"start"}, r.badEdit},
+		{"a bad edit changes nothing", []string{"loader restart"}, r.badEdit},
 		{"a drained backend keeps its connections", []string{"tcp 5-tuple spreads"}, r.drained},
 		{"a removed VIP stops being forwarded", []string{"start"}, r.removedVIP},
 		{"detach", []string{"start"}, r.detach},
@@ -638,11 +639,26 @@ func (r *xdpE2E) counters(t *testing.T) {
 	}
 }
 
+// It reads the status page of the loader "loader restart" starts (with --metrics).
 func (r *xdpE2E) badEdit(t *testing.T) {
 	r.writeFile(r.pools, "services:\n  - name: spread\n    protocol: tcp\n    vip: nonsense\n")
 	testwait.For(t, 5*time.Second, "the bad edit logged", func() (bool, string) {
 		return strings.Contains(r.loader.String(), "invalid pools file edit"), ""
 	})
+	// The status page says so too, with the edit's errors; the log line has no Go stack.
+	testwait.For(t, 5*time.Second, "status.json shows the refused edit", func() (bool, string) {
+		_, body, _ := strings.Cut(r.get("lb", "127.0.0.1:9901", "/status.json"), "\r\n\r\n")
+		var snap status.Snapshot
+		if err := json.Unmarshal([]byte(body), &snap); err != nil {
+			return false, err.Error()
+		}
+		c := snap.Config
+		return c != nil && c.Path == r.pools && c.Refused != nil && len(c.Refused.Errors) > 0 &&
+			strings.HasPrefix(c.Refused.Errors[0], r.pools+":"), body
+	})
+	if strings.Contains(r.loader.String(), "stacktrace") {
+		t.Fatalf("the loader logged a stack trace:\n%s", r.loader.String())
+	}
 	r.echoAll(t, "b1")
 }
 

@@ -20,13 +20,14 @@ import (
 
 	"github.com/stickylb/stickylb/l4xdp"
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 // xdpCmd runs `stickylb xdp`: a subcommand on the pinned forwarder, or the forwarder itself.
 func xdpCmd(args []string, stdout, stderr io.Writer) int {
-	fl, ok := parseXDPFlags(args, stderr)
-	if !ok {
-		return 2
+	fl, err := parseXDPFlags(args, stderr)
+	if err != nil {
+		return parseError(err)
 	}
 	switch fl.sub {
 	case "detach":
@@ -53,7 +54,7 @@ func runXDP(fl xdpFlags, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", fl.cfg.Iface, err)
 		return 1
 	}
-	log, _ := zap.NewProduction()
+	log, _ := newLogger()
 	defer log.Sync()
 	if err := ensureBPFFS(fl.cfg.PinRoot, log); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -87,25 +88,26 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, log *zap.Logge
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	defer serveXDPMetrics(fl.metrics, l, log)()
+	edits := status.NewConfigLog(fl.pools, time.Now())
+	defer serveXDPMetrics(fl.metrics, l, edits, log)()
 	log.Info("forwarding", zap.String("iface", fl.cfg.Iface), zap.String("mode", string(fl.cfg.Mode)), zap.String("pools", fl.pools))
 	fmt.Fprintln(stdout, "ready")
-	w := pools.Watcher{Path: fl.pools, Interval: fl.poll, Current: f, Log: log,
+	w := pools.Watcher{Path: fl.pools, Interval: fl.poll, Current: f, Log: log, Edits: edits,
 		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
 	w.Run(ctx)
 	return 0
 }
 
 // serveXDPMetrics serves, at addr, the forwarder's counters and more (Prometheus, at
-// /metrics) and l's status page (at /), until the function it returns is called. An empty
-// addr serves nothing.
-func serveXDPMetrics(addr string, l *l4xdp.Loader, log *zap.Logger, more ...prometheus.Collector) (stop func()) {
+// /metrics) and l's status page (at /; with the pools file's refused edits when edits is
+// not nil), until the function it returns is called. An empty addr serves nothing.
+func serveXDPMetrics(addr string, l *l4xdp.Loader, edits *status.ConfigLog, log *zap.Logger, more ...prometheus.Collector) (stop func()) {
 	if addr == "" {
 		return func() {}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(append([]prometheus.Collector{xdpCollector{l.Tables()}}, more...)...)
-	hs := &http.Server{Addr: addr, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Addr: addr, Handler: xdpMetricsHandler(l, reg, edits, log), ReadHeaderTimeout: 5 * time.Second}
 	go hs.ListenAndServe()
 	return func() { hs.Close() }
 }

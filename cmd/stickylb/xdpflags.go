@@ -1,7 +1,7 @@
 package main
 
 import (
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -40,15 +40,18 @@ const defaultPoll = time.Second
 // xdpSubcommands are the words that may follow `stickylb xdp`.
 var xdpSubcommands = map[string]bool{"stats": true, "tables": true, "detach": true, "pass": true}
 
-// parseXDPFlags reads args (what follows `stickylb xdp`). A command line that is wrong is said
-// on stderr, the usage when it is malformed, and ok is false (exit status 2); everything it
-// checks is checked before anything is attached.
-func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, ok bool) {
+// errXDPUsage is a command line parseXDPFlags refused after its flags parsed, said on stderr.
+var errXDPUsage = errors.New("stickylb xdp: usage")
+
+// parseXDPFlags reads args (what follows `stickylb xdp`). Its error is flag.ErrHelp for -h,
+// or a usage error already said on stderr, the usage when the line is malformed (parseError
+// gives the exit status of either); everything it checks is checked before anything is
+// attached.
+func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	if len(args) > 0 && xdpSubcommands[args[0]] {
 		fl.sub, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("xdp", xdpUsage, stderr)
 	fs.StringVar(&fl.pools, "pools", "", "pools file (reloaded when it changes)")
 	fs.StringVar(&fl.cfg.Iface, "iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
@@ -67,26 +70,26 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, ok bool) {
 	var nat natFlags
 	nat.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return fl, false
+		return fl, err
 	}
 	if fl.sub == "" && fl.pools != "" && xn.server != "" {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
-		return fl, false
+		return fl, errXDPUsage
 	}
 	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
 		fmt.Fprint(stderr, "stickylb xdp: --node-id and --xds-* go with --xds\n")
-		return fl, false
+		return fl, errXDPUsage
 	}
 	if fl.cfg.Iface == "" || fs.NArg() != 0 || fl.sub == "" && fl.pools == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||
 		*tableSize == 0 || *tableSize > 1<<31 || *insertCap < 0 {
 		fmt.Fprint(stderr, xdpUsage)
-		return fl, false
+		return fl, errXDPUsage
 	}
 	// The loader's own rules (as many sources as the program holds) are command-line errors
 	// too, said before anything is attached.
 	if err := nat.config().Validate(); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: --nat-source, --nat-ports: %v\n", err)
-		return fl, false
+		return fl, errXDPUsage
 	}
 	capOpt := *insertCap
 	if capOpt == 0 {
@@ -97,5 +100,5 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, ok bool) {
 	if xn.server != "" && xn.nodeID == "" {
 		xn.nodeID = defaultNodeID(fl.cfg.Iface)
 	}
-	return fl, true
+	return fl, nil
 }

@@ -36,9 +36,9 @@ func TestXDPFlagsConfig(t *testing.T) {
 			NAT:    l4xdp.NAT{PortLow: l4xdp.DefaultNATPortLow, PortHigh: l4xdp.DefaultNATPortHigh}}}},
 	} {
 		var stderr bytes.Buffer
-		got, ok := parseXDPFlags(tc.args, &stderr)
-		if !ok || !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("%v: ok %v, stderr %q\n got %+v\nwant %+v", tc.args, ok, stderr.String(), got, tc.want)
+		got, err := parseXDPFlags(tc.args, &stderr)
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%v: %v, stderr %q\n got %+v\nwant %+v", tc.args, err, stderr.String(), got, tc.want)
 		}
 	}
 }

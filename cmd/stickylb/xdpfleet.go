@@ -69,7 +69,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	defer serveXDPMetrics(metrics, l, log, c.Collector())()
+	defer serveXDPMetrics(metrics, l, nil, log, c.Collector())()
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1

@@ -261,7 +261,7 @@ func TestReplicatedControlPlane(t *testing.T) {
 	serveBackend := func(h string) {
 		if strings.HasPrefix(h, "b") {
 			data, hc := tp.serve(h, faVIPPort), tp.serve(h, faVIPHealthPort)
-			rg.backends[h] = &faBackend{data: data.kill, health: hc.lns[0]}
+			rg.backends[h] = &faBackend{data: data.Close, health: hc}
 			return
 		}
 		gs := faGRPC(tp.root, h, rpHosts[h])

@@ -25,17 +25,10 @@ import (
 const pushSlack = 2 * time.Second
 
 // live is a loopback listener that accepts and closes: a backend whose tcp check passes.
+// Closing it kills the backend.
 func live(t *testing.T) net.Listener {
 	ln := loopback.Listen(t)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	loopback.AcceptAndClose(t, ln)
 	return ln
 }
 

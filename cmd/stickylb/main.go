@@ -223,7 +223,8 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 
 // printPlan writes the disruption table: per service the share its algorithm moves, then
 // the classic comparison (mod-N, the ring with the file's settings and its points, Maglev,
-// the ideal), and gRPC clients' ring where their 4096-point cap makes it another ring.
+// the ideal), the second-chance table of tunnel services, and gRPC clients' ring where their
+// 4096-point cap makes it another ring.
 func printPlan(w io.Writer, rs []plan.Result) {
 	grpcCapped := slices.ContainsFunc(rs, func(r plan.Result) bool { return r.GRPCRing != nil })
 	pct := func(p *float64) string {
@@ -238,8 +239,12 @@ func printPlan(w io.Writer, rs []plan.Result) {
 		}
 		return fmt.Sprintf("%d->%d", p[0], p[1])
 	}
+	tunnels := slices.ContainsFunc(rs, func(r plan.Result) bool { return r.Rendezvous != nil })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	head := "SERVICE\tALGORITHM\tCHANGE\tMOVED\tMOD-N\tRING\tRING POINTS\tMAGLEV\tIDEAL"
+	if tunnels {
+		head += "\tRENDEZVOUS"
+	}
 	if grpcCapped {
 		head += "\tGRPC RING\tGRPC POINTS"
 	}
@@ -247,6 +252,9 @@ func printPlan(w io.Writer, rs []plan.Result) {
 	for _, r := range rs {
 		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Name, r.Algorithm, r.Change,
 			pct(&r.Moved), pct(&r.ModN), pct(r.Ring), points(r.RingPoints), pct(r.Maglev), pct(&r.Ideal))
+		if tunnels {
+			line += "\t" + pct(r.Rendezvous)
+		}
 		if grpcCapped {
 			line += "\t" + pct(r.GRPCRing) + "\t" + points(r.GRPCRingPoints)
 		}

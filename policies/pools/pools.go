@@ -179,7 +179,7 @@ type Service struct {
 	// tunnel's header, to which a backend passes a packet of a connection it does not hold
 	// (forwarding tunnel only: true unless turned off).
 	SecondChance bool
-	Backends   []*Backend
+	Backends     []*Backend
 	// Line is where the service's mapping starts in the file.
 	Line int
 }

@@ -48,6 +48,8 @@ type Config struct {
 	Zone string
 	// NAT is where NAT flows leave from (`--nat-source`, `--nat-ports`).
 	NAT NAT
+	// Tunnel is where tunnel packets leave from (`--tunnel-source`).
+	Tunnel Tunnel
 }
 
 // NAT configures the translation of flows to backends reached by NAT: each such flow
@@ -70,8 +72,8 @@ const (
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config and
 // NAT sources (written from its flags), the per-CPU insert budgets, schedule positions and
-// NAT scratch space.
-var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch"}
+// NAT and tunnel scratch space.
+var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch", "tunnel_scratch"}
 
 // pinnedMaps are the program's other maps, the state a restarted loader adopts: every map of
 // the generated bindings but the transient ones, so a map added to the program is pinned
@@ -107,6 +109,13 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	if err := cfg.NAT.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Tunnel.Validate(); err != nil {
+		return nil, err
+	}
+	tun4, tun6, err := cfg.Tunnel.sources(ifc)
+	if err != nil {
+		return nil, err
+	}
 	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
 		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
 	l.health = health.NewMonitor(l.onTransition, cfg.HealthOptions...)
@@ -136,6 +145,11 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		tables.Close()
 		return nil, err
 	}
+	if err := tables.configureTunnel(tun4, tun6); err != nil {
+		tables.Close()
+		return nil, err
+	}
+	l.tunnel4, l.tunnel6 = tun4, tun6
 
 	if err := l.restore(); err != nil {
 		tables.Close()
@@ -157,7 +171,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		tables.Close()
 		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
 	}
-	if err := l.enableForwarding(); err != nil {
+	if err := l.enableForwarding(cfg.NAT.has(true), cfg.NAT.has(false), "the FIB lookups of NAT need it"); err != nil {
 		tables.Close()
 		return nil, err
 	}

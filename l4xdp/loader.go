@@ -3,6 +3,7 @@ package l4xdp
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -53,9 +54,13 @@ type Loader struct {
 	seen      map[string]health.Transition
 	gens      map[string]uint64
 	installed map[string]uint64
-	// natBackends: the backends of the last apply reached by NAT (the maintenance loop keeps
-	// their next hops resolved).
-	natBackends []*pools.Backend
+	// routed: the backends of the last apply reached by NAT or tunnel (the maintenance loop
+	// keeps their next hops resolved).
+	routed []*pools.Backend
+	// tunnel4, tunnel6: the tunnel's source of each family (invalid: none).
+	tunnel4, tunnel6 netip.Addr
+	// forwarding4, forwarding6: forwarding is on for the tunnel's FIB lookups.
+	forwarding4, forwarding6 bool
 	// maintStop ends the loop that steps ramps and recounts active connections.
 	maintStop, maintDone chan struct{}
 }

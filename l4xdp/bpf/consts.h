@@ -31,6 +31,8 @@ enum vip_flags {
 		       * re-picks for its backend being down */
 	F_WRR = 8,    /* balance weighted_round_robin: new flows follow the VIP's schedule */
 	F_WLC = 16,   /* balance weighted_least_conn: new flows to the least active per weight */
+	F_TUNNEL = 32, /* forwarding tunnel: new flows pick from the VIP's second-chance table
+			* (tunnel_tables: a primary and a secondary per row) */
 };
 
 enum backend_flags {
@@ -40,6 +42,7 @@ enum backend_flags {
 		      * A restarted loader reads it back and keeps the backend out of new flows
 		      * until its own checker has seen it. */
 	B_NAT = 4,   /* reached by NAT: destination and source rewritten, replies come back */
+	B_TUNNEL = 8, /* reached by tunnel: the packet encapsulated in GUE to addr, port */
 };
 
 /* A connection-table entry's flags. */
@@ -81,5 +84,11 @@ enum lb_path {
 	PATH_NAT_STRAY = 22,   /* TCP/UDP to a NAT source and a port of the NAT range that no NAT
 				* flow holds (a reply after its flow ended): dropped, so the host
 				* does not answer the backend with a RST */
-	PATH_MAX = 24,
+	PATH_TUNNEL = 23,      /* forwarded to a tunnel backend, encapsulated in GUE */
+	PATH_TUNNEL_SECOND = 24, /* of those, carrying a secondary (second chance) */
+	PATH_TUNNEL_TOO_BIG = 25, /* encapsulated, it would exceed the path's MTU: answered with
+				   * ICMP fragmentation needed / ICMPv6 packet too big */
+	PATH_TUNNEL_NO_ROUTE = 26, /* tunnel packet dropped: no route or neighbour toward the
+				    * backend, or no tunnel source of its family */
+	PATH_MAX = 28,
 };

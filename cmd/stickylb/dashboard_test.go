@@ -98,9 +98,11 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		t.Fatalf("the xds admin handler's /metrics lists no metric:\n%s", rec.Body.String())
 	}
 
-	// The XDP forwarder's collector, as `stickylb xdp --metrics` registers it.
+	// The XDP forwarder's collector and what its metrics handler adds, as `stickylb xdp
+	// --metrics` registers them.
 	xreg := prometheus.NewRegistry()
 	xreg.MustRegister(xdpCollector{})
+	xdpMetricsHandler(nil, xreg, zap.NewNop())
 	describe("xdp", xreg)
 
 	// The xDS client's collector (Caddy's stickylb_xds source and `stickylb xdp --xds`).

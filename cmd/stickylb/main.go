@@ -1,5 +1,6 @@
 // Command stickylb checks, plans and serves pools files:
 //
+//	stickylb version [--json]
 //	stickylb validate FILE
 //	stickylb plan --pools OLD --next NEW [--json] [--keys N]
 //	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
@@ -19,6 +20,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/stickylb/stickylb/internal/buildinfo"
 	"github.com/stickylb/stickylb/policies/plan"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -26,6 +28,8 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 const usage = `usage:
+  stickylb version [--json]                             the build: module version, VCS revision and time, Go version
+                                                       (--version after any command prints the same)
   stickylb validate FILE                                check a pools file; every error as file:line
   stickylb plan --pools OLD --next NEW [--json] [--keys N]
                                                        share of keys each service would move
@@ -44,7 +48,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	if askedVersion(args) {
+		return versionCmd(nil, stdout, stderr)
+	}
 	switch args[0] {
+	case "version":
+		return versionCmd(args[1:], stdout, stderr)
 	case "validate":
 		return validate(args[1:], stdout, stderr)
 	case "plan":
@@ -59,6 +68,43 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "stickylb: unknown command %q\n%s", args[0], usage)
 	return 2
+}
+
+// askedVersion reports whether the command line asks for the version (--version or
+// -version before any "--"), whatever the command: every command answers it the same, before
+// its own flags are parsed.
+func askedVersion(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "--version" || a == "-version" {
+			return true
+		}
+	}
+	return false
+}
+
+func versionCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 0 {
+		fmt.Fprint(stderr, "usage: stickylb version [--json]\n")
+		return 2
+	}
+	in := buildinfo.Read()
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(in); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprint(stdout, in)
+	return 0
 }
 
 // load reads a pools file, printing its errors (every one, file:line first) and warnings.

@@ -7,13 +7,15 @@
 // The toolchain stamps the VCS fields only for the main module, only with -buildvcs (on by
 // default in a checkout; a GOFLAGS=-buildvcs=false in the environment turns it off) and only
 // where .git is a directory: a git worktree, whose .git is a file, builds without them. A
-// dependency (stickylb inside Caddy) carries its module version and no revision; one replaced
-// by a local directory (xcaddy --with MODULE=DIR) carries the version its go.mod requires
-// and the directory.
+// dependency (stickylb inside Caddy) carries its module version and no VCS fields; one
+// replaced by a local directory (xcaddy --with MODULE@VERSION=DIR) carries the VERSION given
+// and the directory. A pseudo-version (v0.0.0-20261204184014-af3075101ce5) names its commit,
+// so a dependency at one reports that revision's first 12 digits and its time.
 package buildinfo
 
 import (
 	"fmt"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -89,9 +91,17 @@ func FromBuildInfo(bi *debug.BuildInfo) Info {
 	}
 	if in.Main {
 		in.Revision, in.Time, in.Modified = settings["vcs.revision"], settings["vcs.time"], settings["vcs.modified"] == "true"
+	} else if m := pseudoVersion.FindStringSubmatch(in.Version); m != nil {
+		t := m[1]
+		in.Time = t[0:4] + "-" + t[4:6] + "-" + t[6:8] + "T" + t[8:10] + ":" + t[10:12] + ":" + t[12:14] + "Z"
+		in.Revision = m[2]
 	}
 	return in
 }
+
+// pseudoVersion matches the tail of the three pseudo-version forms (vX.0.0-T-R,
+// vX.Y.Z-pre.0.T-R, vX.Y.(Z+1)-0.T-R): the UTC commit time and 12 digits of the revision.
+var pseudoVersion = regexp.MustCompile(`[-.](\d{14})-([0-9a-f]{12})(?:\+[0-9A-Za-z.-]+)?$`)
 
 // String is what `stickylb version` prints: the version on the first line, then one field a
 // line.

@@ -32,6 +32,17 @@ func TestFromBuildInfo(t *testing.T) {
 			Main: debug.Module{Path: "caddy", Version: "(devel)"},
 			Deps: []*debug.Module{{Path: ModulePath, Version: "v0.0.0", Replace: &debug.Module{Path: "/src/stickylb"}}}},
 			Info{Version: "v0.0.0", GoVersion: "go1.26.8", ReplacedBy: "/src/stickylb", Platform: Read().Platform}},
+		// A pseudo-version names its commit, whether the module was fetched or replaced.
+		{"xcaddy --with MODULE@PSEUDO-VERSION=DIR", debug.BuildInfo{GoVersion: "go1.26.8",
+			Main: debug.Module{Path: "caddy", Version: "(devel)"},
+			Deps: []*debug.Module{{Path: ModulePath, Version: "v0.0.0-20261204184014-af3075101ce5", Replace: &debug.Module{Path: "/src/stickylb"}}}},
+			Info{Version: "v0.0.0-20261204184014-af3075101ce5", Revision: "af3075101ce5", Time: "2026-12-04T18:40:14Z",
+				GoVersion: "go1.26.8", ReplacedBy: "/src/stickylb", Platform: Read().Platform}},
+		{"a Caddy with stickylb at a pseudo-version after a tag", debug.BuildInfo{GoVersion: "go1.26.8",
+			Main: debug.Module{Path: "caddy", Version: "(devel)"},
+			Deps: []*debug.Module{{Path: ModulePath, Version: "v0.3.2-0.20261204184014-af3075101ce5"}}},
+			Info{Version: "v0.3.2-0.20261204184014-af3075101ce5", Revision: "af3075101ce5", Time: "2026-12-04T18:40:14Z",
+				GoVersion: "go1.26.8", Platform: Read().Platform}},
 		{"no version stamped", debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "command-line-arguments"}},
 			Info{Version: Unknown, GoVersion: "go1.26.8", Main: true, Platform: Read().Platform}},
 	} {

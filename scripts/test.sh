@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 need=()
 # chromium: the status page's tests drive it headless (they skip without it).
-for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium; do
+# prometheus: promtool checks and tests examples/prometheus/alerts.yaml (cmd/stickylb).
+for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium \
+	promtool:prometheus; do
 	command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)

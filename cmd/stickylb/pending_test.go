@@ -1,0 +1,27 @@
+package main
+
+// What the operations artifacts (examples/prometheus/alerts.yaml, the Grafana dashboard,
+// deploy/kubernetes, examples/systemd) already use and the code does not have yet: the one
+// place the tests of those artifacts read it from. Each entry names the issue that brings it.
+// Once the code has it, the tests fail until its entry is removed here: a pending entry never
+// outlives its reason.
+
+// pendingMetrics are metric names queried before any tier exports them.
+var pendingMetrics = map[string]string{
+	"stickylb_xds_store_connected": "issue 22: replicas on etcd",
+	"stickylb_xds_leader":          "issue 22: replicas on etcd",
+	"stickylb_bgp_peer_up":         "issue 23: BGP",
+}
+
+// pendingCommands are commands ("xdp drain") and flags ("xds --etcd") passed before
+// `stickylb` takes them; a command listed whole covers its flags.
+var pendingCommands = map[string]string{
+	"pools apply":      "issue 22: replicas on etcd",
+	"xds --etcd":       "issue 22: replicas on etcd",
+	"xds --replica-id": "issue 22: replicas on etcd",
+	"xds --api":        "issue 22: the change API",
+	"xds --api-tokens": "issue 22: the change API",
+	"xdp drain":        "issue 23: BGP and drains",
+	"xdp --drain-time": "issue 23: BGP and drains",
+	"backend":          "issue 24: the tunnel agent",
+}

@@ -23,5 +23,7 @@ var pendingCommands = map[string]string{
 	"xds --api-tokens": "issue 22: the change API",
 	"xdp drain":        "issue 23: BGP and drains",
 	"xdp --drain-time": "issue 23: BGP and drains",
+	"xdp --bgp-asn":    "issue 23: BGP and drains",
+	"xdp --bgp-peer":   "issue 23: BGP and drains",
 	"backend":          "issue 24: the tunnel agent",
 }

@@ -98,7 +98,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	// --metrics` registers them.
 	xreg := prometheus.NewRegistry()
 	xreg.MustRegister(xdpCollector{})
-	xdpMetricsHandler(nil, xreg, zap.NewNop())
+	xdpMetricsHandler(nil, xreg, nil, zap.NewNop())
 	describe("xdp", xreg)
 
 	// The xDS client's collector (Caddy's stickylb_xds source and `stickylb xdp --xds`).

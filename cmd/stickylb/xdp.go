@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/stickylb/stickylb/l4xdp"
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 const xdpUsage = `usage:
@@ -42,8 +42,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
 		sub, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("xdp", xdpUsage, stderr)
 	poolsPath := fs.String("pools", "", "pools file (reloaded when it changes)")
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
@@ -62,7 +61,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	var nat natFlags
 	nat.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if sub == "" && *poolsPath != "" && xn.server != "" {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
@@ -107,7 +106,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
 		return 1
 	}
-	log, _ := zap.NewProduction()
+	log, _ := newLogger()
 	defer log.Sync()
 	if err := ensureBPFFS(cfg.PinRoot, log); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -138,16 +137,17 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
+	edits := status.NewConfigLog(*poolsPath, time.Now())
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}
 	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
 	fmt.Fprintln(stdout, "ready")
-	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log,
+	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log, Edits: edits,
 		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
 	w.Run(ctx)
 	return 0

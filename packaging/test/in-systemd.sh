@@ -136,14 +136,22 @@ services:
     health_check: {interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}
     backends:
       - {address: 10.200.0.1:53, mac: "02:00:00:00:00:01"}
+  # NAT: the loader turns on forwarding on the interface and reserves the NAT ports in
+  # /proc/sys, which the unit's sandbox must let it write.
+  - name: nat
+    protocol: tcp
+    vip: 10.200.100.3:80
+    forwarding: nat
+    backends:
+      - {address: 10.200.0.50:8080}
 EOF
 cat >/etc/default/stickylb-xdp-t0 <<'EOF'
 STICKYLB_XDP_SOURCE="--pools /run/stickylb-test/xdp.yaml"
-STICKYLB_XDP_OPTS="--metrics 127.0.0.1:9100"
+STICKYLB_XDP_OPTS="--metrics 127.0.0.1:9100 --nat-source 10.200.0.1"
 EOF
 
 step "stickylb xdp by hand (root, every capability)"
-stickylb xdp --iface t0 --pin-root /sys/fs/bpf/stickylb --pools /run/stickylb-test/xdp.yaml --metrics 127.0.0.1:9100 >/run/xdp-hand.out 2>/run/xdp-hand.log &
+stickylb xdp --iface t0 --pin-root /sys/fs/bpf/stickylb --pools /run/stickylb-test/xdp.yaml --metrics 127.0.0.1:9100 --nat-source 10.200.0.1 >/run/xdp-hand.out 2>/run/xdp-hand.log &
 hand=$!
 wait_for "grep -q ready /run/xdp-hand.out"
 wait_for "decided 127.0.0.1:9100 3"
@@ -170,6 +178,20 @@ echo "uid $(proc_status stickylb-xdp@t0.service Uid | cut -f1), CapEff $caps"
 curl -sf http://127.0.0.1:9100/metrics | grep '^stickylb_build_info' || fail "no stickylb_build_info"
 systemctl restart stickylb-xdp@t0.service || fail "restart"
 wait_for "curl -sf http://127.0.0.1:9100/metrics"
+
+step "stickylb-xdp@t0.service from nothing: it attaches, and writes NAT's sysctls itself"
+systemctl stop stickylb-xdp@t0.service
+stickylb xdp detach --iface t0 || fail "detach"
+sysctl -w net.ipv4.conf.t0.forwarding=0
+[ -z "$(sysctl -n net.ipv4.ip_local_reserved_ports)" ] || fail "detach left reserved ports: $(sysctl -n net.ipv4.ip_local_reserved_ports)"
+systemctl start stickylb-xdp@t0.service || fail "start"
+wait_for "curl -sf http://127.0.0.1:9100/metrics"
+wait_for "decided 127.0.0.1:9100 3"
+stickylb xdp tables --iface t0 >/run/xdp-fresh.tables
+cmp /run/xdp-hand.tables /run/xdp-fresh.tables || fail "the unit's fresh tables differ from the hand-started loader's"
+[ "$(sysctl -n net.ipv4.conf.t0.forwarding)" = 1 ] || fail "the unit did not turn on forwarding for NAT"
+sysctl net.ipv4.conf.t0.forwarding net.ipv4.ip_local_reserved_ports
+[ "$(sysctl -n net.ipv4.ip_local_reserved_ports)" = 61000-65535 ] || fail "the unit did not reserve the NAT ports"
 systemctl stop stickylb-xdp@t0.service
 ip link show t0 | grep -q xdp || fail "stopping the unit detached the program"
 echo "stopped; the program stays attached"
@@ -177,6 +199,7 @@ echo "stopped; the program stays attached"
 step "purge: the units stop, the forwarder is detached, the files go"
 dpkg -P stickylb || fail "dpkg -P"
 ip link show t0 | grep -q xdp && fail "the program stays attached after the purge"
+[ -z "$(sysctl -n net.ipv4.ip_local_reserved_ports)" ] || fail "the purge left NAT's reserved ports"
 [ ! -e /usr/bin/stickylb ] && [ ! -e /etc/stickylb ] || fail "files left: $(ls -d /usr/bin/stickylb /etc/stickylb 2>/dev/null)"
 systemctl cat stickylb-xds.service >/dev/null 2>&1 && fail "systemd still knows stickylb-xds.service"
 echo

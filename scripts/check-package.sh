@@ -10,7 +10,8 @@
 #     and make the system user in that root's files
 #  5. systemd: a container booted with systemd as its PID 1 (systemd-nspawn on an overlay of
 #     this machine's root, private network) installs the .deb, runs each daemon by hand and from
-#     its packaged unit, checks they behave the same, and purges it (packaging/test/in-systemd.sh)
+#     its packaged unit, checks they behave the same (Caddy too, under a caddy.service with the
+#     package's drop-in), and purges it (packaging/test/in-systemd.sh)
 #  6. the image: buildah builds dist/Dockerfile on scratch and runs `stickylb version` in it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -123,7 +124,12 @@ step "systemd: the package in a container booted with systemd as PID 1"
 # container gets its own network namespace, a fresh bpffs at /sys/fs/bpf, and the
 # capabilities the XDP unit asks for (nspawn's default set lacks CAP_BPF and CAP_PERFMON).
 # It boots into stickylb-check.target: basic.target and the check, nothing this machine enables.
-unshare --mount --propagation private bash -s "$deb" <<'EOF'
+# A Caddy with stickylb's modules, for the drop-in's check.
+caddydir=$(mktemp -d)
+trap 'rm -rf "$root" "$caddydir"' EXIT
+caddy=$caddydir/caddy
+go build -o "$caddy" ./cmd/caddy
+unshare --mount --propagation private bash -s "$deb" "$caddy" <<'EOF'
 set -euo pipefail
 w=$(mktemp -d)
 mount -t tmpfs tmpfs "$w"
@@ -131,6 +137,7 @@ mkdir -p "$w/upper/etc/systemd/system" "$w/upper/usr/local/sbin" "$w/work" "$w/r
 mount -t bpf bpf "$w/bpf"
 systemd-id128 new >"$w/upper/etc/machine-id"
 cp "$1" "$w/shared/stickylb.deb"
+cp "$2" "$w/shared/caddy"
 install -m 0755 packaging/test/in-systemd.sh "$w/upper/usr/local/sbin/stickylb-check"
 cat >"$w/upper/etc/systemd/system/stickylb-check.service" <<'UNIT'
 [Unit]
@@ -157,7 +164,7 @@ EOF
 
 step "the container image (buildah, scratch)"
 store=$(mktemp -d)
-trap 'rm -rf "$root"; buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rm -a >/dev/null 2>&1; rm -rf "$store"' EXIT
+trap 'rm -rf "$root" "$caddydir"; buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rm -a >/dev/null 2>&1; rm -rf "$store"' EXIT
 B=(buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs)
 "${B[@]}" bud --quiet --isolation chroot -t stickylb:check dist/
 "${B[@]}" inspect --format 'user {{.OCIv1.Config.User}}, entrypoint {{.OCIv1.Config.Entrypoint}}, cmd {{.OCIv1.Config.Cmd}}{{"\n"}}' stickylb:check

@@ -196,6 +196,79 @@ systemctl stop stickylb-xdp@t0.service
 ip link show t0 | grep -q xdp || fail "stopping the unit detached the program"
 echo "stopped; the program stays attached"
 
+step "Caddy with the package's drop-in: the cookie secret as a credential"
+# caddy.service as Caddy's packages install it (the parts that matter here), the caddy user,
+# and a Caddy built with stickylb's modules (scripts/check-package.sh built /shared/caddy).
+install -m 0755 /shared/caddy /usr/bin/caddy
+useradd --system --user-group --create-home --home-dir /var/lib/caddy --shell /usr/sbin/nologin caddy || fail "useradd caddy"
+mkdir -p /etc/caddy /etc/systemd/system/caddy.service.d
+cat >/etc/systemd/system/caddy.service <<'UNIT'
+[Unit]
+Description=Caddy
+After=network.target network-online.target
+Requires=network-online.target
+[Service]
+Type=notify
+User=caddy
+Group=caddy
+ExecStart=/usr/bin/caddy run --environ --config /etc/caddy/Caddyfile
+ExecReload=/usr/bin/caddy reload --config /etc/caddy/Caddyfile --force
+TimeoutStopSec=5s
+LimitNOFILE=1048576
+PrivateTmp=true
+ProtectSystem=full
+AmbientCapabilities=CAP_NET_ADMIN CAP_NET_BIND_SERVICE
+[Install]
+WantedBy=multi-user.target
+UNIT
+cp /usr/share/doc/stickylb/examples/caddy.service.d/stickylb.conf /etc/systemd/system/caddy.service.d/
+head -c 48 /dev/urandom | base64 >/etc/caddy/stickylb.secrets
+chmod 0600 /etc/caddy/stickylb.secrets
+# caddyfile SECRET_FILE: a sticky site on :28080 in front of a backend on :28081.
+caddyfile() {
+	cat <<CADDYFILE
+{
+	admin localhost:2019
+}
+:28080 {
+	reverse_proxy 127.0.0.1:28081 {
+		lb_policy sticky_cookie {
+			secret_file $1
+		}
+	}
+}
+:28081 {
+	respond "backend"
+}
+CADDYFILE
+}
+caddyfile /etc/caddy/stickylb.secrets >/run/Caddyfile.hand
+caddyfile '{env.CREDENTIALS_DIRECTORY}/stickylb.secrets' >/etc/caddy/Caddyfile
+# set_cookie URL JAR: the Set-Cookie header of a GET (empty when none), with the jar sent.
+set_cookie() { curl -s -o /dev/null -D - -b "$2" -c "$2" "$1" | tr -d '\r' | sed -n 's/^[Ss]et-[Cc]ookie: //p'; }
+
+caddy run --config /run/Caddyfile.hand --adapter caddyfile 2>/run/caddy-hand.log &
+hand=$!
+wait_for "curl -sf http://127.0.0.1:28080/"
+first=$(set_cookie http://127.0.0.1:28080/ /run/jar)
+echo "by hand (root, the secret file itself): Set-Cookie: $first"
+[ -n "$first" ] || fail "the hand-started Caddy set no cookie"
+kill -TERM $hand
+wait $hand
+
+systemctl daemon-reload
+systemctl start caddy.service || fail "start caddy.service"
+wait_for "curl -sf http://127.0.0.1:28080/"
+echo "caddy.service runs as uid $(proc_status caddy.service Uid | cut -f1) (caddy: $(id -u caddy)); the secret file is $(stat -c '%U %a' /etc/caddy/stickylb.secrets)"
+again=$(set_cookie http://127.0.0.1:28080/ /run/jar)
+[ -z "$again" ] || fail "caddy.service did not open the hand-started Caddy's cookie (it set a new one: $again)"
+echo "the cookie the hand-started Caddy sealed opens under the unit: no new cookie"
+[ -n "$(set_cookie http://127.0.0.1:28080/ /run/nojar)" ] || fail "caddy.service set no cookie for a new client"
+systemctl reload caddy.service || fail "systemctl reload caddy (caddy reload)"
+[ -z "$(set_cookie http://127.0.0.1:28080/ /run/jar)" ] || fail "after the reload the cookie does not open"
+echo "reloaded; the cookie still opens"
+systemctl stop caddy.service
+
 step "purge: the units stop, the forwarder is detached, the files go"
 dpkg -P stickylb || fail "dpkg -P"
 ip link show t0 | grep -q xdp && fail "the program stays attached after the purge"

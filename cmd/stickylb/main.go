@@ -136,15 +136,20 @@ func versionCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	in := buildinfo.Read()
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(in); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		return 0
+		return printJSON(stdout, stderr, in)
 	}
 	fmt.Fprint(stdout, in)
+	return 0
+}
+
+// printJSON writes v as indented JSON and returns the exit status: 1 when it cannot.
+func printJSON(stdout, stderr io.Writer, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
 	return 0
 }
 
@@ -244,13 +249,7 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 		if out.Services == nil {
 			out.Services = []plan.Result{}
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		return 0
+		return printJSON(stdout, stderr, out)
 	}
 	printPlan(stdout, rs)
 	return 0

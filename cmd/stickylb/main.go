@@ -50,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	if askedVersion(args) {
+	if args[0] != "version" && askedVersion(args) {
 		return versionCmd(nil, stdout, stderr)
 	}
 	switch args[0] {
@@ -127,6 +127,7 @@ func askedVersion(args []string) bool {
 func versionCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("version", versionUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
+	fs.Bool("version", false, "the same as the command (every command takes it)")
 	if err := fs.Parse(args); err != nil {
 		return parseError(err)
 	}

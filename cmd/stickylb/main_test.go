@@ -311,7 +311,7 @@ func TestVersion(t *testing.T) {
 		t.Errorf("validate -- --version: exit %d (%s); want 1 (no such file)", code, errb2.String())
 	}
 	var js bytes.Buffer
-	if code := run([]string{"version", "--json"}, &js, &errb); code != 0 {
+	if code := run([]string{"version", "--json", "--version"}, &js, &errb); code != 0 {
 		t.Fatalf("version --json: exit %d", code)
 	}
 	var in struct {

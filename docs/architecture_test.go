@@ -45,6 +45,9 @@ var thirdParty = map[string]string{
 	"cilium/ebpf":                  "github.com/cilium/ebpf",
 	"netlink":                      "github.com/vishvananda/netlink",
 	"netns":                        "github.com/vishvananda/netns",
+	"etcd's client":                "go.etcd.io/etcd/client",
+	"etcd's API types":             "go.etcd.io/etcd/api",
+	"etcd's server":                "go.etcd.io/etcd/server",
 }
 
 // room is one row of architecture.md's table.

@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-# chromium: the status page's tests drive it headless (they skip without it).
+# chromium: the status page's tests drive it headless (they skip without it). nft: the
+# replicated control plane's end-to-end test cuts a replica off from etcd with it. etcd
+# itself needs nothing installed: the tests build its members from the Go module
+# (internal/testkit/etcdtest/member, go.etcd.io/etcd/server/v3/embed).
 # prometheus: promtool checks and tests examples/prometheus/alerts.yaml (cmd/stickylb).
 for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium \
 	promtool:prometheus; do

@@ -18,6 +18,9 @@ import (
 	"github.com/stickylb/stickylb/adsclient"
 	_ "github.com/stickylb/stickylb/caddymodule"
 	"github.com/stickylb/stickylb/xds"
+	"github.com/stickylb/stickylb/xds/api"
+	"github.com/stickylb/stickylb/xds/replica"
+	"github.com/stickylb/stickylb/xds/store"
 )
 
 const dashboardPath = "../../examples/grafana/stickylb.json"
@@ -100,6 +103,12 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	xreg.MustRegister(xdpCollector{})
 	xdpMetricsHandler(nil, xreg, nil, zap.NewNop())
 	describe("xdp", xreg)
+
+	// A replica's own, which `stickylb xds --etcd` adds to its admin handler's: the store,
+	// the leadership, and the change API's counter.
+	rreg := prometheus.NewRegistry()
+	rreg.MustRegister((*replica.Replica)(nil).Collector(), api.New(nil, store.Keys{}, nil, zap.NewNop()).Collector())
+	describe("replica", rreg)
 
 	// The xDS client's collector (Caddy's stickylb_xds source and `stickylb xdp --xds`).
 	c, err := adsclient.New(adsclient.Config{Server: "127.0.0.1:1", NodeID: "dashboard-test"}, nil)

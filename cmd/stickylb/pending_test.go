@@ -8,19 +8,12 @@ package main
 
 // pendingMetrics are metric names queried before any tier exports them.
 var pendingMetrics = map[string]string{
-	"stickylb_xds_store_connected": "issue 22: replicas on etcd",
-	"stickylb_xds_leader":          "issue 22: replicas on etcd",
-	"stickylb_bgp_peer_up":         "issue 23: BGP",
+	"stickylb_bgp_peer_up": "issue 23: BGP",
 }
 
 // pendingCommands are commands ("xdp drain") and flags ("xds --etcd") passed before
 // `stickylb` takes them; a command listed whole covers its flags.
 var pendingCommands = map[string]string{
-	"pools apply":      "issue 22: replicas on etcd",
-	"xds --etcd":       "issue 22: replicas on etcd",
-	"xds --replica-id": "issue 22: replicas on etcd",
-	"xds --api":        "issue 22: the change API",
-	"xds --api-tokens": "issue 22: the change API",
 	"xdp drain":        "issue 23: BGP and drains",
 	"xdp --drain-time": "issue 23: BGP and drains",
 	"xdp --bgp-asn":    "issue 23: BGP and drains",

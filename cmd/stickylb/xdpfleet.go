@@ -7,12 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"time"
+	"strings"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -22,7 +20,7 @@ import (
 
 // xdsNode is how `stickylb xdp --xds` reaches its control plane.
 type xdsNode struct {
-	server, nodeID, zone string
+	server, nodeID, zone string // server: one address, or the replicas' comma-separated
 	ca, cert, key        string
 }
 
@@ -41,7 +39,7 @@ func defaultNodeID(iface string) string {
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
 func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
-		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
+		Servers: strings.Split(n.server, ","), NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
 	}, log)
 	if err != nil {
@@ -72,13 +70,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	if metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, nil, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
-	}
+	defer serveXDPMetrics(metrics, l, nil, log, c.Collector())()
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1

@@ -61,6 +61,27 @@ type Snapshot struct {
 	Notes []string `json:"notes,omitempty"`
 	// Counters are tier-wide path counters (XDP: packets by path through the program).
 	Counters map[string]uint64 `json:"counters,omitempty"`
+	// Replica is set on a replica of the replicated control plane (xds tier with a store).
+	Replica *Replica `json:"replica,omitempty"`
+}
+
+// Replica is the replicated control plane as one of its replicas sees it.
+type Replica struct {
+	// ID is this replica's id (--replica-id).
+	ID string `json:"id"`
+	// Leader: this replica probes the backends and writes the verdicts.
+	Leader bool `json:"leader"`
+	// LeaderID is the leading replica's id, as the election shows it ("" when none).
+	LeaderID string `json:"leader_id,omitempty"`
+	// Store is connected, lost (no answer within the store timeout: streams refused) or
+	// empty (no pools file stored yet).
+	Store string `json:"store"`
+	// Revision is the store revision this replica serves (the version nodes are sent).
+	Revision int64 `json:"revision"`
+	// Replicas are the replicas in the election, the leader first.
+	Replicas []string `json:"replicas,omitempty"`
+	// Note says why the replica refuses streams, when it does.
+	Note string `json:"note,omitempty"`
 }
 
 // Actions lists what the page may do. Every state-changing request needs the same origin

@@ -229,6 +229,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 		}
 		vips = append(vips, vip)
 	}
+	l.servedLocked(vips) // before the VIPs that leave are deleted: an announcer withdraws them first
 	put("removing VIPs no longer in the file", l.fw.PruneVIPs(vips))
 	put("removing server_ids no longer in the file", l.fw.PruneServerIDs(serverIDs))
 	// Backends no longer in the file leave the pool: their flows re-pick. A slot or id a

@@ -41,7 +41,9 @@ type router struct {
 
 // newRouter listens on 127.0.0.1 at a free port and accepts the speaker (which dials from
 // 127.0.0.1), as a graceful-restart helper when helper is set.
-func newRouter(t *testing.T, helper bool) *router { return newRouterAt(t, helper, loopback.FreePort(t)) }
+func newRouter(t *testing.T, helper bool) *router {
+	return newRouterAt(t, helper, loopback.FreePort(t))
+}
 
 // newRouterAt is newRouter on a given port.
 func newRouterAt(t *testing.T, helper bool, port int) *router {
@@ -177,18 +179,18 @@ func TestAnnounceAndWithdraw(t *testing.T) {
 	r.waitRoutes(2*time.Second, "10.1.0.1/32")
 
 	s.Drain("maintenance")
-	r.waitRoutes(2*time.Second)
+	r.waitRoutes(2 * time.Second)
 	if st := s.Status(); st.Drained != "maintenance" || st.Announced[0].Reason != ReasonDrain {
 		t.Fatalf("status while drained: %+v", st)
 	}
 	s.Undrain()
 	r.waitRoutes(2*time.Second, "10.1.0.1/32")
 	s.SetForwarding(fmt.Errorf("the XDP program is no longer attached to eth0"))
-	r.waitRoutes(2*time.Second)
+	r.waitRoutes(2 * time.Second)
 	s.SetForwarding(nil)
 	r.waitRoutes(2*time.Second, "10.1.0.1/32")
 	testwait.Recv(t, s.Shutdown(), 2*time.Second, "the shutdown's withdrawals handed to GoBGP")
-	r.waitRoutes(2*time.Second)
+	r.waitRoutes(2 * time.Second)
 
 	c := s.Collector()
 	for reason, want := range map[string]float64{ReasonRemoved: 1, ReasonDrain: 1, ReasonForwarder: 1, ReasonShutdown: 1} {

@@ -27,6 +27,9 @@ const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
+               [--bgp-asn N --bgp-peer ADDR@ASN[,...] [--bgp-router-id A] [--bgp-hold D] [--bgp-next-hop A]
+                [--bgp-community ASN:V]... [--bgp-password-file F] [--bgp-graceful-restart] [--drain-time D]]
+                                                   announce the VIPs to routers over BGP (both modes)
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
@@ -35,10 +38,16 @@ const xdpUsage = `usage:
   stickylb xdp tables --iface IF [--pin-root DIR]    each VIP's table: slots per backend, digest
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
+  stickylb xdp drain --iface IF [--pin-root DIR] [--reason TEXT]
+                                                   withdraw the running node's VIPs (BGP); it forwards on
+  stickylb xdp undrain --iface IF [--pin-root DIR]   announce them again
 `
 
 func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	sub := ""
+	if len(args) > 0 && (args[0] == "drain" || args[0] == "undrain") {
+		return xdpControl(args[0], args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
 		sub, args = args[0], args[1:]
 	}
@@ -61,7 +70,13 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
 	var nat natFlags
 	nat.register(fs)
+	var bf bgpFlags
+	bf.register(fs)
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := bf.check(fs); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 2
 	}
 	if sub == "" && *poolsPath != "" && xn.server != "" {
@@ -113,20 +128,28 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
+	rt, err := newXDPRouting(&bf, *iface, l4xdp.Running(cfg), log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 2
+	}
+	defer rt.close()
+	cfg.Served = rt.served
 	if xn.server != "" {
 		if xn.nodeID == "" {
 			xn.nodeID = defaultNodeID(*iface)
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return runXDPFleet(ctx, cfg, xn, *metrics, log, stdout, stderr)
+		return runXDPFleet(rt.lingering(ctx), cfg, xn, *metrics, rt, log, stdout, stderr)
 	}
 	f, ok := load(*poolsPath, stderr)
 	if !ok {
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx := rt.lingering(sig)
 	l, err := l4xdp.Open(cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -138,10 +161,14 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
+	if err := rt.start(ctx, l, cfg); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
+		reg.MustRegister(append(rt.collectors(), xdpCollector{l.Tables()})...)
+		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}

@@ -39,7 +39,7 @@ func defaultNodeID(iface string) string {
 // starts on what a previous loader pinned (so a node restarted while the control plane is
 // down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
-func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
 		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
@@ -74,10 +74,15 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	}
 	if metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
+		reg.MustRegister(append(rt.collectors(), xdpCollector{l.Tables()}, c.Collector())...)
+		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
+	}
+	// The VIPs the pinned program serves are announced before the first view arrives.
+	if err := rt.start(ctx, l, cfg); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
 	}
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)

@@ -12,9 +12,9 @@ import (
 )
 
 // xdpMetricsHandler serves the forwarder's metrics address: the status page at its root,
-// status.json beside it, and the Prometheus metrics at every other path (as before the page,
+// status.json beside it (with what the node announces, when routing gives it), and the Prometheus metrics at every other path (as before the page,
 // so scrapers of any path keep working). Unauthenticated and read-only: keep it private.
-func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, log *zap.Logger) http.Handler {
+func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, routing func() *status.Routing, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { status.ServePage(w) })
@@ -24,6 +24,9 @@ func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, log *zap.Logge
 			log.Error("status of the forwarder", zap.Error(err))
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
+		}
+		if routing != nil {
+			snap.Routing = routing()
 		}
 		if err := status.ServeJSON(w, snap); err != nil {
 			log.Debug("writing status.json", zap.Error(err))

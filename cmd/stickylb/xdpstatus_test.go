@@ -30,7 +30,7 @@ func TestXDPMetricsAddressServesStatus(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(xdpCollector{l.Tables()})
-	h := httptest.NewServer(xdpMetricsHandler(l, reg, zaptest.NewLogger(t)))
+	h := httptest.NewServer(xdpMetricsHandler(l, reg, nil, zaptest.NewLogger(t)))
 	defer h.Close()
 	get := func(path string) (*http.Response, string) {
 		t.Helper()

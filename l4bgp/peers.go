@@ -92,7 +92,7 @@ func (s *Speaker) connectFailed(addr, errText string) {
 	}
 	// "dial tcp 10.0.0.1:179: connect: connection refused" -> "connection refused"
 	cause := errText
-	if i := strings.LastIndex(cause, ": "); i >= 0 {
+	if i := strings.LastIndex(cause, ": "); i >= 0 && strings.HasPrefix(cause, "dial ") {
 		cause = cause[i+2:]
 	}
 	if cause == "i/o timeout" {
@@ -158,7 +158,7 @@ func (h *slogBridge) Enabled(context.Context, slog.Level) bool { return true }
 
 // Handle routes one record of GoBGP's.
 func (h *slogBridge) Handle(_ context.Context, r slog.Record) error {
-	var key, errText string
+	var key, errText, reason string
 	fields := make([]zap.Field, 0, len(h.attrs)+r.NumAttrs())
 	take := func(a slog.Attr) bool {
 		switch a.Key {
@@ -166,6 +166,8 @@ func (h *slogBridge) Handle(_ context.Context, r slog.Record) error {
 			key = a.Value.String()
 		case "Error":
 			errText = a.Value.String()
+		case "reason":
+			reason = a.Value.String()
 		}
 		fields = append(fields, zap.String(a.Key, a.Value.String()))
 		return true
@@ -174,8 +176,14 @@ func (h *slogBridge) Handle(_ context.Context, r slog.Record) error {
 		take(a)
 	}
 	r.Attrs(take)
-	if r.Message == "failed to connect" && key != "" {
+	switch {
+	case r.Message == "failed to connect" && key != "":
 		h.s.connectFailed(key, errText)
+		return nil
+	case r.Message == "outgoing connection IO error" && key != "":
+		// Accepted, then closed before the OPEN: a router that refuses the session for now
+		// (BIRD's error wait after a failed session, a peer not configured).
+		h.s.connectFailed(key, "the peer closed the connection before its OPEN ("+reason+")")
 		return nil
 	}
 	switch {

@@ -222,7 +222,13 @@ type breakReport struct {
 	Long, New int
 }
 
-// attribute puts the load's broken connections down to the events of log.
+// killDetect bounds how long after a backend's death new connections may still be sent
+// to it: the nodes' check (interval 1 s x 1 + timeout 0.5 s) and the rebuild, with slack.
+const killDetect = 3 * time.Second
+
+// attribute puts the load's broken connections down to the events of log. An event falls
+// inside a connection's life when it was made before the connection ended and settled
+// after it began.
 func attribute(conns []loadConn, log []fleetEvent) breakReport {
 	rep := breakReport{Expected: map[string]int{}, ByKind: map[string]int{}}
 	for _, c := range conns {
@@ -234,26 +240,32 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 		if c.err == nil {
 			continue
 		}
-		var node, backend, own bool
-		last := "none"
+		var node, backend bool
+		last, own := "none", ""
 		for _, e := range log {
 			if e.at.After(c.ended) {
 				break
 			}
 			last = e.kind
-			if e.at.Before(c.opened) {
+			settled := e.settled
+			if settled.IsZero() {
+				settled = c.ended
+			}
+			if settled.Before(c.opened) {
 				continue
 			}
 			node = node || e.node
 			backend = backend || !e.node
-			if (e.kind == "backend kill" || e.kind == "backend remove") && e.target == c.backend {
-				own = true
-				last = e.kind
+			switch {
+			case (e.kind == "backend kill" || e.kind == "backend remove") && e.target == c.backend:
+				own = e.kind // its own backend died or left
+			case e.kind == "backend kill" && c.backend == "" && c.ended.Sub(e.at) < killDetect:
+				own = e.kind // a new connection sent to a backend just dead
 			}
 		}
 		switch {
-		case own:
-			rep.Expected[last]++
+		case own != "":
+			rep.Expected[own]++
 		case node && backend:
 			rep.Combined++
 		default:

@@ -54,12 +54,13 @@ type fleetNode struct {
 
 // fleetEvent is one change of the fleet: its kind (e.g. "node kill", "backend add") and
 // whether it changes an LB node (the set the router spreads over) or a backend (the
-// tables), at a time.
+// tables), from when it was made until the fleet settled after it (the routes and tables
+// change in between, not at once).
 type fleetEvent struct {
-	at     time.Time
-	kind   string
-	target string
-	node   bool
+	at, settled time.Time
+	kind        string
+	target      string
+	node        bool
 }
 
 // Addresses: the LAN 10.77.0.0/24 (fd77::/64), the client's side 10.79.0.0/24 (fd79::/64).
@@ -324,6 +325,15 @@ func (rf *routedFleet) record(kind, target string, node bool) {
 	rf.log = append(rf.log, fleetEvent{at: time.Now(), kind: kind, target: target, node: node})
 }
 
+// settled marks the last event's effects over: the fleet is quiet again.
+func (rf *routedFleet) settled() {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	if n := len(rf.log); n > 0 {
+		rf.log[n-1].settled = time.Now()
+	}
+}
+
 // The events of a fleet's day. Each changes the fleet and records itself; none waits for
 // the router or the tables (waitQuiet does).
 
@@ -467,6 +477,7 @@ func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	rf.waitRoutes(t, d, rf.routed()...)
 	deadline := time.Now().Add(d)
 	var seen string
+	defer rf.settled()
 	for time.Now().Before(deadline) {
 		ok, s := rf.tablesAgree()
 		if ok {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -149,6 +150,37 @@ func TestRoutedFleet(t *testing.T) {
 			t.Fatal("lb2 forwarded nothing through its restart")
 		}
 		rf.noneBroken(t, load, "the graceful restart")
+	})
+
+	// Forwarding never waits on BGP: lb5's only peer does not exist; it forwards its own VIP
+	// (static-routed to it by the router) from its start, and says why the peer is down.
+	rf.phase("a node whose peer cannot be reached forwards from its start", func(t *testing.T) {
+		const vipStatic = "10.77.101.1"
+		for _, b := range []string{"b1", "b2"} {
+			rf.in(b, "ip", "addr", "add", vipStatic+"/32", "dev", "lo")
+		}
+		pools := filepath.Join(rf.dir, "lb5.yaml")
+		rf.writeFile(pools, strings.NewReplacer("spread6", "static6", "spread", "static", vip4, vipStatic).Replace(
+			routedPools([]string{"b1", "b2"}, nil, nil)))
+		rf.extra["lb5"], rf.extraArg["lb5"] = pools, []string{"--bgp-peer", "10.77.0.99@65000"}
+		rf.in("rt", "ip", "route", "add", vipStatic+"/32", "via", routed4("lb5"))
+		start := time.Now()
+		rf.startNode("lb5", false)
+		ready := time.Since(start)
+		for i := 0; i < 20; i++ {
+			c, err := rf.dialVia("cl", vipStatic+":80")
+			if err != nil {
+				t.Fatalf("connection %d through lb5, its peer unreachable: %v", i, err)
+			}
+			c.c.Close()
+		}
+		t.Logf("lb5 ready %s after its start, 20 connections through it at once", ready.Round(time.Millisecond))
+		testwait.For(t, 10*time.Second-time.Since(start), "lb5 logs why its peer is down", func() (bool, string) {
+			return strings.Contains(rf.nodes["lb5"].proc.String(), "BGP peer not reachable"), ""
+		})
+		log := rf.nodes["lb5"].proc.String()
+		t.Logf("lb5 logged its peer unreachable %s after its start: %s", time.Since(start).Round(time.Millisecond),
+			log[strings.Index(log, "BGP peer not reachable"):][:200])
 	})
 
 	rf.phase("the report", func(t *testing.T) {

@@ -174,8 +174,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
 	fmt.Fprintln(stdout, "ready")
-	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log,
-		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
+	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log, Apply: newApplyRetry(ctx, l, log).apply}
 	w.Run(ctx)
 	return 0
 }

@@ -5,6 +5,8 @@
 //	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
 //	stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
 //	stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F --xds-cert F --xds-key F]
+//	stickylb xdp ... --bgp-asn N --bgp-peer ADDR@ASN[,...]    (announce the VIPs over BGP)
+//	stickylb xdp drain|undrain --iface IF [--pin-root DIR]
 package main
 
 import (

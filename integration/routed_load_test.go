@@ -214,7 +214,11 @@ type breakReport struct {
 	// Combined: an LB-node change and a backend change both inside the connection's life
 	// (the node the router moves it to has no entry for it, and the table moved): the
 	// baseline that tunnelling to the first node ("second chance") must take to zero.
-	Combined int
+	// CombinedBy counts them by the last backend change in their life.
+	Combined   int
+	CombinedBy map[string]int
+	// Events counts the events of each kind.
+	Events map[string]int
 	// ByKind: the others, by the kind of the last event before they broke ("none" when
 	// none came before).
 	ByKind map[string]int
@@ -230,7 +234,10 @@ const killDetect = 3 * time.Second
 // inside a connection's life when it was made before the connection ended and settled
 // after it began.
 func attribute(conns []loadConn, log []fleetEvent) breakReport {
-	rep := breakReport{Expected: map[string]int{}, ByKind: map[string]int{}}
+	rep := breakReport{Expected: map[string]int{}, ByKind: map[string]int{}, CombinedBy: map[string]int{}, Events: map[string]int{}}
+	for _, e := range log {
+		rep.Events[e.kind]++
+	}
 	for _, c := range conns {
 		if c.long {
 			rep.Long++
@@ -240,8 +247,8 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 		if c.err == nil {
 			continue
 		}
-		var node, backend bool
-		last, own := "none", ""
+		var node bool
+		last, own, backend := "none", "", ""
 		for _, e := range log {
 			if e.at.After(c.ended) {
 				break
@@ -255,7 +262,9 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 				continue
 			}
 			node = node || e.node
-			backend = backend || !e.node
+			if !e.node {
+				backend = e.kind
+			}
 			switch {
 			case (e.kind == "backend kill" || e.kind == "backend remove") && e.target == c.backend:
 				own = e.kind // its own backend died or left
@@ -266,8 +275,9 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 		switch {
 		case own != "":
 			rep.Expected[own]++
-		case node && backend:
+		case node && backend != "":
 			rep.Combined++
+			rep.CombinedBy[backend]++
 		default:
 			rep.ByKind[last]++
 		}
@@ -275,24 +285,37 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 	return rep
 }
 
-// String lays the report out on one line per group.
+// String lays the report out: per kind of event, how many there were and how many
+// connections each broke alone; then the combined ones and the expected ones.
 func (r breakReport) String() string {
-	kinds := func(m map[string]int) string {
-		var ks []string
-		for k := range m {
-			ks = append(ks, k)
-		}
-		sort.Strings(ks)
-		var out []string
-		for _, k := range ks {
-			out = append(out, fmt.Sprintf("%s %d", k, m[k]))
-		}
-		if len(out) == 0 {
-			return "none"
-		}
-		return strings.Join(out, ", ")
+	var b strings.Builder
+	fmt.Fprintf(&b, "connections made: %d long-lived, %d new\n", r.Long, r.New)
+	kinds := make([]string, 0, len(r.Events))
+	for k := range r.Events {
+		kinds = append(kinds, k)
 	}
-	return fmt.Sprintf("connections made: %d long-lived, %d new\nbroken by an LB-node or backend event alone: %s\n"+
-		"broken with an LB-node change and a backend change in their life (the baseline): %d\n"+
-		"broken because their own backend died or left: %s", r.Long, r.New, kinds(r.ByKind), r.Combined, kinds(r.Expected))
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		fmt.Fprintf(&b, "  %-22s %2d events, %d connections broken by it alone\n", k, r.Events[k], r.ByKind[k])
+	}
+	if n := r.ByKind["none"]; n > 0 {
+		fmt.Fprintf(&b, "  broken with no event before them: %d\n", n)
+	}
+	fmt.Fprintf(&b, "broken with an LB-node change and a backend change in their life (the baseline): %d %s\n", r.Combined, counts(r.CombinedBy))
+	fmt.Fprintf(&b, "broken because their own backend died or left: %s", counts(r.Expected))
+	return b.String()
+}
+
+// counts writes m as (k n, k n) in key order.
+func counts(m map[string]int) string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	out := make([]string, len(ks))
+	for i, k := range ks {
+		out[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return "(" + strings.Join(out, ", ") + ")"
 }

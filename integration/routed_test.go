@@ -113,6 +113,37 @@ func TestRoutedFleet(t *testing.T) {
 		t.Logf("lb4 routed again %s after its link came back", took.Round(time.Millisecond))
 	})
 
+	rf.phase("a VIP removed from the pools file is withdrawn; a bad edit changes nothing", func(t *testing.T) {
+		nodes := []string{"lb1", "lb2", "lb3", "lb4"}
+		full := routedPools([]string{"b1", "b2", "b3", "b4"}, nil, nil)
+		rf.writeFile(rf.poolsFile, full[:strings.Index(full, "  - name: spread6")])
+		took := testwait.Until(t, 2*time.Second, 20*time.Millisecond, "the IPv6 VIP withdrawn, the IPv4 one kept", func() (bool, string) {
+			r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6)
+			return len(r6) == 0 && slices.Equal(r4, nodes), fmt.Sprintf("IPv4 over %v, IPv6 over %v", r4, r6)
+		})
+		t.Logf("the IPv6 VIP left the router %s after the edit removed it", took.Round(time.Millisecond))
+		if m := rf.get("lb1", "127.0.0.1:9911", "/metrics"); !strings.Contains(m, `stickylb_bgp_announced{vip="`+vip6+`"} 0`) ||
+			!strings.Contains(m, `stickylb_bgp_withdrawals_total{reason="removed"} 1`) {
+			t.Errorf("lb1's metrics after the removal:\n%s", m)
+		}
+		rf.writePools()
+		rf.waitRoutes(t, 2*time.Second, nodes...)
+		rf.writeFile(rf.poolsFile, "services:\n  - name: spread\n    vip: [nonsense\n")
+		testwait.For(t, 2*time.Second, "every node logs the bad edit", func() (bool, string) {
+			for _, lb := range nodes {
+				if !strings.Contains(rf.nodes[lb].proc.String(), "invalid pools file edit") {
+					return false, lb
+				}
+			}
+			return true, ""
+		})
+		if r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6); !slices.Equal(r4, nodes) || !slices.Equal(r6, nodes) {
+			t.Fatalf("a bad edit changed the routes: IPv4 over %v, IPv6 over %v", r4, r6)
+		}
+		rf.writePools()
+		rf.noneBroken(t, load, "the edits")
+	})
+
 	rf.phase("a graceful restart: the routes stay, nothing moves", func(t *testing.T) {
 		rf.stopNode("lb2")
 		rf.waitRoutes(t, routedDrainTime+routeSlack, "lb1", "lb3", "lb4")
@@ -203,6 +234,9 @@ func (rf *routedFleet) checkObservability(t *testing.T, lb string) {
 		if !strings.Contains(metrics, series) {
 			t.Errorf("%s's metrics lack %s", lb, series)
 		}
+	}
+	if routes := rf.birdc("show", "route", "for", vip4, "all"); !strings.Contains(routes, "(65001,"+routedHosts[lb]+")") {
+		t.Errorf("the router holds no route with %s's community 65001:%s:\n%s", lb, routedHosts[lb], routes)
 	}
 	body := rf.get(lb, "127.0.0.1:9911", "/status.json")
 	var snap struct {

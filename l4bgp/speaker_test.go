@@ -42,11 +42,11 @@ type router struct {
 // newRouter listens on 127.0.0.1 at a free port and accepts the speaker (which dials from
 // 127.0.0.1), as a graceful-restart helper when helper is set.
 func newRouter(t *testing.T, helper bool) *router {
-	return newRouterAt(t, helper, loopback.FreePort(t))
+	return newRouterAt(t, helper, loopback.FreePort(t), "")
 }
 
-// newRouterAt is newRouter on a given port.
-func newRouterAt(t *testing.T, helper bool, port int) *router {
+// newRouterAt is newRouter on a given port, with a TCP MD5 password when not empty.
+func newRouterAt(t *testing.T, helper bool, port int, password string) *router {
 	t.Helper()
 	r := &router{t: t, srv: server.NewBgpServer(), port: port}
 	go r.srv.Serve()
@@ -57,7 +57,7 @@ func newRouterAt(t *testing.T, helper bool, port int) *router {
 	}
 	t.Cleanup(r.srv.Stop)
 	peer := &api.Peer{
-		Conf:      &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: nodeASN},
+		Conf:      &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: nodeASN, AuthPassword: password},
 		Transport: &api.Transport{PassiveMode: true},
 		Timers:    &api.Timers{Config: &api.TimersConfig{HoldTime: 9, KeepaliveInterval: 3}},
 		AfiSafis:  []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true}}},
@@ -223,7 +223,7 @@ func TestSessionComesBack(t *testing.T) {
 	testwait.For(t, 2*time.Second, "the speaker sees the drop", func() (bool, string) {
 		return logs.FilterMessage("BGP session down").Len() > 0, ""
 	})
-	r = newRouterAt(t, false, r.port)
+	r = newRouterAt(t, false, r.port, "")
 	back := time.Now()
 	r.waitRoutes(5*time.Second, "10.1.0.1/32")
 	t.Logf("session and route back %s after the router", time.Since(back).Round(time.Millisecond))
@@ -321,4 +321,20 @@ func metricValue(t *testing.T, c prometheus.Collector, name, label string) float
 	}
 	t.Fatalf("no series %s{%s}", name, label)
 	return 0
+}
+
+// TestMD5: with the router's password the session comes up; with another, the router drops
+// the SYNs and the node says the peer does not answer.
+func TestMD5(t *testing.T) {
+	r := newRouterAt(t, false, loopback.FreePort(t), "s3cret")
+	_, logs := newSpeaker(t, r.port, func(c *Config) { c.Password = "wrong" })
+	testwait.For(t, 10*time.Second, "the wrong password logged as no answer", func() (bool, string) {
+		return logs.FilterMessage("BGP peer not reachable").FilterField(zap.String("reason", "connect: no answer (connect timed out)")).Len() > 0, ""
+	})
+	if len(r.routes()) != 0 {
+		t.Fatal("routes through a session with the wrong password")
+	}
+	s, _ := newSpeaker(t, r.port, func(c *Config) { c.Password = "s3cret" })
+	s.SetServed(addrs("10.1.0.1"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32")
 }

@@ -352,11 +352,12 @@ type savedView struct {
 }
 
 func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsSub, error) {
-	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
+	// The client names the server and the node on its lines itself: it gets log as is.
 	c, err := adsclient.New(cfg, log)
 	if err != nil {
 		return nil, err
 	}
+	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
 	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
 		server: cfg.Server, node: cfg.NodeID, key: key}
 	s.load(cfg)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 // The XDP forwarder end to end, in network namespaces made by the test: a client, the LB
@@ -570,6 +571,20 @@ func TestXDPEndToEnd(t *testing.T) {
 		testwait.For(t, 5*time.Second, "the bad edit logged", func() (bool, string) {
 			return strings.Contains(lp2.String(), "invalid pools file edit"), ""
 		})
+		// The status page says so too, with the edit's errors; the log line has no Go stack.
+		testwait.For(t, 5*time.Second, "status.json shows the refused edit", func() (bool, string) {
+			_, body, _ := strings.Cut(tp.get("lb", "127.0.0.1:9901", "/status.json"), "\r\n\r\n")
+			var snap status.Snapshot
+			if err := json.Unmarshal([]byte(body), &snap); err != nil {
+				return false, err.Error()
+			}
+			c := snap.Config
+			return c != nil && c.Path == poolsFile && c.Refused != nil && len(c.Refused.Errors) > 0 &&
+				strings.HasPrefix(c.Refused.Errors[0], poolsFile+":"), body
+		})
+		if strings.Contains(lp2.String(), "stacktrace") {
+			t.Fatalf("the loader logged a stack trace:\n%s", lp2.String())
+		}
 		echoAll(t, "b1")
 	})
 

@@ -1,5 +1,6 @@
-// Snapshots of the XDP nodes: every service with a vip and the control plane's verdicts,
-// as fleetview encodes them, in a snapshot group of their own.
+// Snapshots of stickylb's own nodes, as fleetview encodes them: XDP nodes get every service
+// with a vip, Caddy nodes every http and grpc service, each with the control plane's
+// verdicts, in a snapshot group of their own.
 
 package xds
 

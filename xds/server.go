@@ -143,6 +143,8 @@ type Server struct {
 	// requireIdentity: node ids must match the client certificate (WithNodeIdentity).
 	requireIdentity bool
 	Stats           Stats
+	// edits records the pools file's edits for the status page (set by Watch).
+	edits editLog
 
 	// mutate, when set, edits every translation before validation (tests use it to serve
 	// resources a client rejects).

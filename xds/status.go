@@ -4,6 +4,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -29,6 +30,9 @@ type ProbeLookup func(service, id string) (health.TargetStatus, bool)
 // a healthy backend whose last probes failed, why it may soon be down. Without it the page
 // shows n/a there.
 func WithProbes(p ProbeLookup) Option { return func(s *Server) { s.verdicts.probes = p } }
+
+// editLog holds the record of the pools file's edits that Watch keeps (nil without Watch).
+type editLog = atomic.Pointer[status.ConfigLog]
 
 // nodeStatus is what Status copies from a stream under the lock.
 type nodeStatus struct {
@@ -79,6 +83,7 @@ func (s *Server) Status() *status.Snapshot {
 	if view == nil {
 		snap.Notes = append(snap.Notes, "no health checking: every backend is published as UNKNOWN")
 	}
+	snap.Config = s.edits.Load().File()
 	return snap
 }
 

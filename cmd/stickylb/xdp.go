@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/stickylb/stickylb/l4xdp"
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 const xdpUsage = `usage:
@@ -51,8 +51,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
 		sub, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("xdp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("xdp", xdpUsage, stderr)
 	poolsPath := fs.String("pools", "", "pools file (reloaded when it changes)")
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
@@ -73,7 +72,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	var bf bgpFlags
 	bf.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if err := bf.check(fs); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -122,7 +121,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
 		return 1
 	}
-	log, _ := zap.NewProduction()
+	log, _ := newLogger()
 	defer log.Sync()
 	if err := ensureBPFFS(cfg.PinRoot, log); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -165,16 +164,18 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
+	edits := status.NewConfigLog(*poolsPath, time.Now())
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(append(rt.collectors(), xdpCollector{l.Tables()})...)
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}
 	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
 	fmt.Fprintln(stdout, "ready")
-	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log, Apply: newApplyRetry(ctx, l, log).apply}
+	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log, Edits: edits,
+		Apply: newApplyRetry(ctx, l, log).apply}
 	w.Run(ctx)
 	return 0
 }

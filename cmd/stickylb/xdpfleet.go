@@ -75,7 +75,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	if metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(append(rt.collectors(), xdpCollector{l.Tables()}, c.Collector())...)
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, nil, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -35,8 +34,7 @@ type xdsOptions struct {
 }
 
 func xdsCmd(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("xds", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("xds", xdsUsage, stderr)
 	var o xdsOptions
 	fs.StringVar(&o.pools, "pools", "", "pools file to serve (reloaded when it changes)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18000", "gRPC address for ADS and the per-type xDS services")
@@ -47,15 +45,15 @@ func xdsCmd(args []string, stderr io.Writer) int {
 	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
 	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if o.pools == "" || fs.NArg() != 0 {
-		fmt.Fprint(stderr, "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
+		fmt.Fprint(stderr, xdsUsage)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log, err := zap.NewProduction()
+	log, err := newLogger()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -72,7 +70,8 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		return 1
 	}
 	var opts []grpc.ServerOption
-	if o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" {
+	useTLS := o.tlsCert != "" || o.tlsKey != "" || o.clientCA != ""
+	if useTLS {
 		creds, err := serverTLS(o)
 		if err != nil {
 			fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
@@ -139,7 +138,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 		}
 	})
 	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),
-		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", len(opts) > 1))
+		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", useTLS))
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)
 	}

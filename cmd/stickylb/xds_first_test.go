@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"testing"
 	"time"
 
@@ -45,20 +44,7 @@ func TestXDSFirstEDSHasNoStartupUnknown(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addrs := make(chan string, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serveXDS(ctx, xdsOptions{pools: p, listen: "127.0.0.1:0", poll: time.Second}, zaptest.NewLogger(t), os.Stderr,
-			func(g, _ string) { addrs <- g })
-	}()
-	var addr string
-	select {
-	case addr = <-addrs:
-	case code := <-done:
-		t.Fatalf("exited %d", code)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not serving")
-	}
+	addr, _, done := runXDS(ctx, t, xdsOptions{pools: p, listen: "127.0.0.1:0", poll: time.Second}, zaptest.NewLogger(t))
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -133,16 +132,16 @@ func allowed(conn *net.UnixConn) error {
 
 // xdpControl is `stickylb xdp drain|undrain --iface IF [--pin-root DIR] [--reason TEXT]`.
 func xdpControl(sub string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("xdp "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	synopsis := fmt.Sprintf("usage: stickylb xdp %s --iface IF [--pin-root DIR]%s\n", sub, map[bool]string{true: " [--reason TEXT]"}[sub == "drain"])
+	fs := newFlagSet("xdp "+sub, xdpUsage, stderr) // -h: every xdp form, as the other subcommands
 	iface := fs.String("iface", "", "the interface the node forwards on")
 	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "the node's --pin-root")
 	reason := fs.String("reason", "", "why (drain only): logged by the node and shown on its status page")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if *iface == "" || fs.NArg() != 0 || sub == "undrain" && *reason != "" {
-		fmt.Fprintf(stderr, "usage: stickylb xdp %s --iface IF [--pin-root DIR]%s\n", sub, map[bool]string{true: " [--reason TEXT]"}[sub == "drain"])
+		fmt.Fprint(stderr, synopsis)
 		return 2
 	}
 	cfg := l4xdp.Config{Iface: *iface, PinRoot: *pinRoot}

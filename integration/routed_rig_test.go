@@ -347,41 +347,44 @@ func (rf *routedFleet) joinNode(lb string, graceful bool) {
 func (rf *routedFleet) drainNode(lb string) {
 	rf.record("node drain", lb, true)
 	rf.in(lb, rf.bin, "xdp", "drain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--reason", "test")
-	rf.mu.Lock()
-	rf.nodes[lb].drained = true
-	rf.mu.Unlock()
+	rf.mark(lb, func(n *fleetNode) { n.drained = true })
 }
 
 // undrainNode runs `stickylb xdp undrain` against node lb.
 func (rf *routedFleet) undrainNode(lb string) {
 	rf.record("node undrain", lb, true)
 	rf.in(lb, rf.bin, "xdp", "undrain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb))
-	rf.mu.Lock()
-	rf.nodes[lb].drained = false
-	rf.mu.Unlock()
+	rf.mark(lb, func(n *fleetNode) { n.drained = false })
 }
 
 // stopNode sends node lb SIGINT and waits for it to exit (after its drain time).
 func (rf *routedFleet) stopNode(lb string) {
 	rf.record("node stop", lb, true)
-	rf.mu.Lock()
-	n := rf.nodes[lb]
-	proc := n.proc
-	n.proc = nil
-	rf.mu.Unlock()
-	proc.stop()
+	rf.takeProc(lb).stop()
 }
 
 // killNode kills node lb (SIGKILL): its kernel closes the BGP session, its pinned program
 // forwards on.
 func (rf *routedFleet) killNode(lb string) {
 	rf.record("node kill", lb, true)
+	rf.takeProc(lb).kill()
+}
+
+// takeProc takes node lb's process away from it (it is being stopped).
+func (rf *routedFleet) takeProc(lb string) *loaderProc {
 	rf.mu.Lock()
+	defer rf.mu.Unlock()
 	n := rf.nodes[lb]
 	proc := n.proc
 	n.proc = nil
-	rf.mu.Unlock()
-	proc.kill()
+	return proc
+}
+
+// mark changes what the rig knows of node lb.
+func (rf *routedFleet) mark(lb string, set func(*fleetNode)) {
+	rf.mu.Lock()
+	defer rf.mu.Unlock()
+	set(rf.nodes[lb])
 }
 
 // pullLink takes node lb's link down at the bridge: a silent death, seen by the router
@@ -389,28 +392,20 @@ func (rf *routedFleet) killNode(lb string) {
 func (rf *routedFleet) pullLink(lb string) {
 	rf.record("node link pulled", lb, true)
 	rf.in("br", "ip", "link", "set", "v"+lb, "down")
-	rf.mu.Lock()
-	rf.nodes[lb].linkDown = true
-	rf.mu.Unlock()
+	rf.mark(lb, func(n *fleetNode) { n.linkDown = true })
 }
 
 // restoreLink brings node lb's link back.
 func (rf *routedFleet) restoreLink(lb string) {
 	rf.record("node link restored", lb, true)
 	rf.in("br", "ip", "link", "set", "v"+lb, "up")
-	rf.mu.Lock()
-	rf.nodes[lb].linkDown = false
-	rf.mu.Unlock()
+	rf.mark(lb, func(n *fleetNode) { n.linkDown = false })
 }
 
 // restartGraceful stops node lb (started with --bgp-graceful-restart) and starts it again.
 func (rf *routedFleet) restartGraceful(lb string) {
 	rf.record("node graceful restart", lb, true)
-	rf.mu.Lock()
-	n := rf.nodes[lb]
-	proc := n.proc
-	rf.mu.Unlock()
-	proc.stop()
+	rf.takeProc(lb).stop()
 	rf.startNode(lb, true)
 }
 

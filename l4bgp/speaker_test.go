@@ -264,6 +264,13 @@ func TestRefusedPeerLogged(t *testing.T) {
 // the routes (stale); the next speaker, restarting, announces the VIPs and ends the
 // restart with End-of-RIB: the routes are fresh again, none lost on the way.
 func TestGracefulRestart(t *testing.T) {
+	if raceBuild {
+		// GoBGP's ListPath, which this test reads the router's routes with, races with its
+		// own marking of a restarting peer's routes stale (table.Path's flag, inside GoBGP):
+		// the router's side, which the speaker never runs. The fleet test proves graceful
+		// restart with BIRD.
+		t.Skip("GoBGP's ListPath races with its graceful-restart stale marking (the test's router, not the speaker)")
+	}
 	r := newRouter(t, true)
 	gr := func(c *Config) { c.GracefulRestart = true }
 	s, _ := newSpeaker(t, r.port, gr)

@@ -57,8 +57,8 @@ func (s *Server) Status() *status.Snapshot {
 		if !st.admitted {
 			continue
 		}
-		n := nodeStatus{node: st.node, userAgent: st.keyNode.GetUserAgentName(), opened: st.opened, acked: make(map[string]string, len(st.ackedBy))}
-		for t, v := range st.ackedBy {
+		n := nodeStatus{node: st.node, userAgent: st.keyNode.GetUserAgentName(), opened: st.opened, acked: make(map[string]string, len(st.acks.ackedBy))}
+		for t, v := range st.acks.ackedBy {
 			n.acked[t] = v
 		}
 		nodes = append(nodes, n)

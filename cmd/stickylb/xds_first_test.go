@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/policies/health"
 )
@@ -71,17 +72,10 @@ func TestXDSFirstEDSHasNoStartupUnknown(t *testing.T) {
 	if len(resp.GetResources()) != 1 {
 		t.Fatalf("%d load assignments, want 1", len(resp.GetResources()))
 	}
-	var cla endpointv3.ClusterLoadAssignment
-	if err := resp.GetResources()[0].UnmarshalTo(&cla); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]corev3.HealthStatus{}
-	for _, le := range cla.GetEndpoints() {
-		for _, e := range le.GetLbEndpoints() {
-			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-			got[net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue()))] = e.GetHealthStatus()
-		}
-	}
+	got := grpctest.EndpointStatuses(t, resp, func(e *endpointv3.LbEndpoint) string {
+		sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+		return net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue()))
+	})
 	if got[up.Addr().String()] != corev3.HealthStatus_HEALTHY || got[down] != corev3.HealthStatus_UNHEALTHY {
 		t.Fatalf("first EDS: %v; want %s HEALTHY and %s UNHEALTHY (no startup UNKNOWN)", got, up.Addr(), down)
 	}

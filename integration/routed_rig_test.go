@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
 )
@@ -33,7 +34,7 @@ type routedFleet struct {
 
 	mu       sync.Mutex
 	nodes    map[string]*fleetNode
-	servers  map[string]*echoServer
+	servers  map[string]*loopback.Server
 	members  []string          // the backends in the pools file, in order
 	weights  map[string]int    // their weights (absent: 1)
 	drained  map[string]bool   // drained in the pools file
@@ -95,7 +96,7 @@ func newRoutedFleet(t *testing.T, backends ...string) *routedFleet {
 		return newLAN(t, lan{prefix: "slr", hosts: hostsOrder, v4: routed4, v6: routed6})
 	})
 	rf := &routedFleet{topo: tp, bin: bin, poolsFile: poolsFile, dir: t.TempDir(), nodes: map[string]*fleetNode{},
-		servers: map[string]*echoServer{}, weights: map[string]int{}, drained: map[string]bool{},
+		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{},
 		extra: map[string]string{}, extraArg: map[string][]string{}}
 	// The client, behind the router.
 	tp.kit.AddNS("cl")
@@ -452,7 +453,7 @@ func (rf *routedFleet) killBackend(b string) {
 	rf.mu.Lock()
 	s := rf.servers[b]
 	rf.mu.Unlock()
-	s.kill()
+	s.Close()
 }
 
 // reviveBackend starts backend b's server again: the checks put it back.

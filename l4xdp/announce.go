@@ -42,7 +42,7 @@ func (l *Loader) ServedAddrs() ([]netip.Addr, error) {
 	var addrs []netip.Addr
 	var k lbVipKey
 	var meta lbVipMeta
-	it := l.fw.objs.Vips.Iterate()
+	it := l.maps.objs.Vips.Iterate()
 	for it.Next(&k, &meta) {
 		addrs = append(addrs, netip.AddrFrom16(k.Addr).Unmap())
 	}

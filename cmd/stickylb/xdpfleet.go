@@ -7,12 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -72,13 +69,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	if metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(append(rt.collectors(), xdpCollector{l.Tables()}, c.Collector())...)
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, nil, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
-	}
+	defer serveXDPMetrics(metrics, l, nil, rt, log, c.Collector())()
 	// The VIPs the pinned program serves are announced before the first view arrives.
 	if err := rt.start(ctx, l, cfg); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)

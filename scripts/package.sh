@@ -50,6 +50,11 @@ maintainer=$(sed -n 's/^maintainer: //p' packaging/nfpm.yaml)
 cp /etc/ssl/certs/ca-certificates.crt "$dist/ca-certificates.crt"
 cp packaging/container/Dockerfile packaging/container/passwd packaging/container/group "$dist/"
 
+# nfpm is built from MODULE@VERSION, outside this module's go.mod: as a tool of the module its
+# requirements would raise versions the binaries link (viper, through GoBGP).
+tools=$(mktemp -d)
+trap 'rm -rf "$tools"' EXIT
+GOBIN=$tools go install github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
 export STICKYLB_PKG_VERSION="$pkgversion"
 for packager in deb rpm; do
 	case "$packager/$arch" in
@@ -58,6 +63,6 @@ for packager in deb rpm; do
 	rpm/arm64) pkgarch=aarch64 ;;
 	*) pkgarch=$arch ;;
 	esac
-	STICKYLB_PKG_ARCH=$pkgarch go tool nfpm package --config packaging/nfpm.yaml --packager "$packager" --target "$dist/"
+	STICKYLB_PKG_ARCH=$pkgarch "$tools/nfpm" package --config packaging/nfpm.yaml --packager "$packager" --target "$dist/"
 done
 echo "scripts/package.sh: stickylb $version ($revision) -> $(ls "$dist"/*.deb "$dist"/*.rpm | tr '\n' ' ')"

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stickylb/stickylb/adsclient"
 	_ "github.com/stickylb/stickylb/caddymodule"
+	"github.com/stickylb/stickylb/l4bgp"
 	"github.com/stickylb/stickylb/xds"
 	"github.com/stickylb/stickylb/xds/api"
 	"github.com/stickylb/stickylb/xds/replica"
@@ -101,8 +102,13 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	// --metrics` registers them.
 	xreg := prometheus.NewRegistry()
 	xreg.MustRegister(xdpCollector{})
-	xdpMetricsHandler(nil, xreg, nil, zap.NewNop())
+	xdpMetricsHandler(nil, xreg, nil, nil, zap.NewNop())
 	describe("xdp", xreg)
+
+	// The BGP speaker's, which `stickylb xdp --bgp-*` adds to the node's.
+	breg := prometheus.NewRegistry()
+	breg.MustRegister((*l4bgp.Speaker)(nil).Collector())
+	describe("bgp", breg)
 
 	// A replica's own, which `stickylb xds --etcd` adds to its admin handler's: the store,
 	// the leadership, and the change API's counter.

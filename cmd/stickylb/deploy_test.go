@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -302,5 +303,35 @@ func TestSplitCommandLine(t *testing.T) {
 	}
 	if got := unitWords(`"A=--pools /etc/x.yaml" B= C=1`); strings.Join(got, "|") != "A=--pools /etc/x.yaml|B=|C=1" {
 		t.Errorf("unitWords: %q", got)
+	}
+}
+
+// A stopping XDP node withdraws its routes and forwards for --drain-time before it exits:
+// the unit's TimeoutStopSec leaves it that and 10 s more, or systemd kills it mid-drain.
+func TestXDPUnitStopCoversTheDrain(t *testing.T) {
+	var help bytes.Buffer
+	run([]string{"xdp", "--help"}, &help, &help)
+	m := regexp.MustCompile(`(?m)^  -drain-time duration\n(?:\s+.*\n)*?.*\(default ([0-9a-z.]+)\)`).FindStringSubmatch(help.String())
+	if m == nil {
+		t.Fatalf("stickylb xdp --help gives no --drain-time default:\n%s", help.String())
+	}
+	drain, err := time.ParseDuration(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("../../examples/systemd/stickylb-xdp@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := regexp.MustCompile(`(?m)^TimeoutStopSec=(\S+)$`).FindStringSubmatch(string(raw))
+	if stop == nil {
+		t.Fatal("stickylb-xdp@.service sets no TimeoutStopSec")
+	}
+	d, err := time.ParseDuration(stop[1])
+	if err != nil {
+		t.Fatalf("TimeoutStopSec=%s: %v", stop[1], err)
+	}
+	if d < drain+10*time.Second {
+		t.Errorf("TimeoutStopSec=%s leaves less than --drain-time's default (%s) and 10 s", d, drain)
 	}
 }

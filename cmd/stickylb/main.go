@@ -9,6 +9,8 @@
 //	stickylb pools apply FILE --etcd URL[,URL...] | stickylb pools get --etcd URL[,URL...]
 //	stickylb xds --etcd URL[,URL...] --listen ADDR [--api ADDR ...]
 //	stickylb ctl --api URL VERB ...
+//	stickylb xdp ... --bgp-asn N --bgp-peer ADDR@ASN[,...]    (announce the VIPs over BGP)
+//	stickylb xdp drain|undrain --iface IF [--pin-root DIR]
 package main
 
 import (

@@ -7,16 +7,10 @@ package main
 // outlives its reason.
 
 // pendingMetrics are metric names queried before any tier exports them.
-var pendingMetrics = map[string]string{
-	"stickylb_bgp_peer_up": "issue 23: BGP",
-}
+var pendingMetrics = map[string]string{}
 
 // pendingCommands are commands ("xdp drain") and flags ("xds --etcd") passed before
 // `stickylb` takes them; a command listed whole covers its flags.
 var pendingCommands = map[string]string{
-	"xdp drain":        "issue 23: BGP and drains",
-	"xdp --drain-time": "issue 23: BGP and drains",
-	"xdp --bgp-asn":    "issue 23: BGP and drains",
-	"xdp --bgp-peer":   "issue 23: BGP and drains",
-	"backend":          "issue 24: the tunnel agent",
+	"backend": "issue 24: the tunnel agent",
 }

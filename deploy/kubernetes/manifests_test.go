@@ -292,6 +292,14 @@ func TestManifestsShape(t *testing.T) {
 	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Exec == nil ||
 		!slices.Equal(c.Lifecycle.PreStop.Exec.Command[:3], []string{"/usr/bin/stickylb", "xdp", "drain"}) {
 		t.Errorf("stickylb-xdp: no preStop that drains: %+v", c.Lifecycle)
+	} else {
+		// The drain finds the node by its interface and pin root: the container's own.
+		for _, f := range []string{"--iface=", "--pin-root="} {
+			i := slices.IndexFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, f) })
+			if i < 0 || !slices.Contains(c.Lifecycle.PreStop.Exec.Command, c.Args[i]) {
+				t.Errorf("stickylb-xdp: the preStop drain does not pass the container's %s: %v", f, c.Lifecycle.PreStop.Exec.Command)
+			}
+		}
 	}
 	// The grace period covers the drain (routers move flows) and --drain-time after SIGTERM.
 	if g := xdp.TerminationGracePeriodSeconds; g == nil || *g < 30 || !slices.Contains(c.Args, "--drain-time=10s") {

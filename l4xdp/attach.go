@@ -50,6 +50,8 @@ type Config struct {
 	NAT NAT
 	// Tunnel is where tunnel packets leave from (`--tunnel-source`).
 	Tunnel Tunnel
+	// Served, when set, hears the VIP addresses served after each apply (see ServedFunc).
+	Served ServedFunc
 }
 
 // NAT configures the translation of flows to backends reached by NAT: each such flow
@@ -133,7 +135,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 			m.Close()
 		}
 		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root or with CAP_BPF and CAP_NET_ADMIN): %w", err)
+			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
 		}
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}

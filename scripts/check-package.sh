@@ -138,8 +138,6 @@ mount -t bpf bpf "$w/bpf"
 systemd-id128 new >"$w/upper/etc/machine-id"
 cp "$1" "$w/shared/stickylb.deb"
 cp "$2" "$w/shared/caddy"
-# The unit the package does not ship yet (the tunnel agent's), for systemd-analyze verify.
-cp examples/systemd/stickylb-backend@.service "$w/shared/"
 install -m 0755 packaging/test/in-systemd.sh "$w/upper/usr/local/sbin/stickylb-check"
 cat >"$w/upper/etc/systemd/system/stickylb-check.service" <<'UNIT'
 [Unit]

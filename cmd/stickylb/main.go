@@ -53,6 +53,8 @@ const usage = `usage:
                                                        serve as one replica of the control plane (see docs/fleet.md)
   stickylb ctl --api URL (--token-file F | --cert F --key F --ca F) VERB ...
                                                        change the fleet through a replica's API (ctl --help)
+  stickylb backend --iface IF --lb-source PREFIX[,PREFIX...] [--tunnel-port PORT[,PORT...]] [--metrics ADDR]
+                                                       on a backend of tunnel VIPs: decapsulate, second chance (also: backend stats|detach)
 `
 
 // run executes one command and returns the exit status: 0 success, 1 the file (or the
@@ -80,6 +82,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return poolsCmd(args[1:], stdout, stderr)
 	case "ctl":
 		return ctlCmd(args[1:], stdout, stderr)
+	case "backend":
+		return backendCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -52,7 +52,7 @@ stickylb version
 step "systemd-analyze verify"
 # verify exits 0 on an unknown key or a bad value and only prints them: any output fails.
 out=$(systemd-analyze verify /usr/lib/systemd/system/stickylb-xds.service /usr/lib/systemd/system/stickylb-xdp@.service \
-	/shared/stickylb-backend@.service 2>&1) || fail "verify: $out"
+	/usr/lib/systemd/system/stickylb-backend@.service 2>&1) || fail "verify: $out"
 [ -z "$out" ] || fail "verify said: $out"
 echo ok
 

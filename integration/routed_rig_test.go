@@ -41,6 +41,9 @@ type routedFleet struct {
 	log      []fleetEvent      // every event, for attributing broken connections
 	extra    map[string]string // per node: a pools file of its own (instead of the fleet's)
 	extraArg map[string][]string
+	// poolsFor writes the fleet's pools file from its members, weights and drains
+	// (routedPools when nil: direct routing to the LAN's backends).
+	poolsFor func(members []string, weights map[string]int, drained map[string]bool) string
 }
 
 // fleetNode is one XDP node of the fleet.
@@ -175,7 +178,11 @@ func (rf *routedFleet) birdc(args ...string) string {
 func (rf *routedFleet) writePools() {
 	rf.mu.Lock()
 	defer rf.mu.Unlock()
-	rf.writeFile(rf.poolsFile, routedPools(rf.members, rf.weights, rf.drained))
+	pools := routedPools
+	if rf.poolsFor != nil {
+		pools = rf.poolsFor
+	}
+	rf.writeFile(rf.poolsFile, pools(rf.members, rf.weights, rf.drained))
 }
 
 func routedPools(members []string, weights map[string]int, drained map[string]bool) string {

@@ -169,8 +169,9 @@ func runBackend(fl backendFlags, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	defer serveBackendMetrics(fl.metrics, a, log)()
-	log.Info("decapsulating", zap.String("iface", fl.cfg.Iface), zap.Uint16s("tunnel_ports", fl.cfg.TunnelPorts),
-		zap.Stringer("lb_sources", (*lbSources)(&fl.cfg.LBSources)))
+	st, _ := a.Status()
+	log.Info("decapsulating", zap.String("iface", fl.cfg.Iface), zap.Uint16s("tunnel_ports", st.TunnelPorts),
+		zap.Stringer("lb_sources", (*lbSources)(&fl.cfg.LBSources)), zap.Int("local_addresses", st.LocalAddrs))
 	fmt.Fprintln(stdout, "ready")
 	a.Run(ctx, 10*time.Second)
 	return 0

@@ -257,7 +257,9 @@ func (a *Agent) Run(ctx context.Context, interval time.Duration) {
 	done := make(chan struct{})
 	defer close(done)
 	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
-		a.log.Warn("address updates", zap.Error(err))
+		if ctx.Err() == nil { // the subscription's end says nothing
+			a.log.Warn("address updates", zap.Error(err))
+		}
 	}}); err != nil {
 		a.log.Warn("subscribing to address changes: the host's addresses are read every interval only", zap.Error(err))
 		updates = nil

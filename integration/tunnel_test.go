@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,4 +257,32 @@ func (tf *tunnelFleet) runStream(s *stream, up chan<- error, stop <-chan struct{
 
 func netipAddrPort(a string, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.MustParseAddr(a), port)
+}
+
+// TestTunnelFleetDay: the routed fleet's scripted day (runFleetDay: 31 events in about 3
+// minutes under steady load) with its backends across L3, forwarded by tunnel with second
+// chance: broken connections by kind of event, and those with an LB-node change and a
+// backend change in their life, which second chance carries (goal 0; without it, the
+// direct-routing day's baseline). Long: it runs with STICKYLB_DAYS=1 (and not under -short).
+func TestTunnelFleetDay(t *testing.T) {
+	if os.Getenv("STICKYLB_DAYS") == "" {
+		t.Skip("the scripted day takes about 4 minutes: set STICKYLB_DAYS=1")
+	}
+	second := os.Getenv("STICKYLB_SECOND_CHANCE") != "off"
+	tf := newTunnelFleet(t, second, "t1", "t2", "t3", "t4")
+	rep, broken := runFleetDay(t, tf.routedFleet, "t")
+	var detail []string
+	for _, c := range broken {
+		detail = append(detail, fmt.Sprintf("  %s -> %s, %s..%s: %v", c.local, c.backend, c.opened.Format("15:04:05.000"),
+			c.ended.Format("15:04:05.000"), c.err))
+	}
+	var events []string
+	for _, e := range tf.log {
+		events = append(events, fmt.Sprintf("  %s..%s %s %s", e.at.Format("15:04:05.000"), e.settled.Format("15:04:05.000"), e.kind, e.target))
+	}
+	t.Logf("second chance %v: %d connections broken with an LB-node change and a backend change in their life; the agents: %v\nbroken:\n%s\nevents:\n%s",
+		second, rep.Combined, tf.agentStats(), strings.Join(detail, "\n"), strings.Join(events, "\n"))
+	if second && rep.Combined > 0 {
+		t.Errorf("second chance on, and %d connections with both changes in their life broke %s", rep.Combined, counts(rep.CombinedBy))
+	}
 }

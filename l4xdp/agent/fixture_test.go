@@ -163,12 +163,12 @@ func decapped(in, inner []byte) []byte { return append(append([]byte(nil), in[:1
 // rig is the fixtures' namespace and the agent's program, loaded (not attached: the
 // fixtures run it) with the ports, sources and the namespace's addresses written.
 type rig struct {
-	t   *testing.T
+	t   testing.TB
 	kit *netnstest.Kit
 	a   *Agent
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	netnstest.NeedRoot(t)
 	kit := netnstest.New(t, "slag")
 	kit.AddNS("be")

@@ -330,8 +330,9 @@ int stickylb_backend(struct __sk_buff *skb)
 {
 	__u64 len = skb->len;
 	struct tunnel_pkt t = {};
-	if ((void *)(long)skb->data + MAX_HEADERS > (void *)(long)skb->data_end)
-		bpf_skb_pull_data(skb, len < MAX_HEADERS ? len : MAX_HEADERS); /* headers in reach */
+	__u32 want = len < MAX_HEADERS ? len : MAX_HEADERS;
+	if ((void *)(long)skb->data + want > (void *)(long)skb->data_end)
+		bpf_skb_pull_data(skb, want); /* the headers in reach of direct access */
 	int r = outer(skb, &t);
 	if (r == 0)
 		return TC_ACT_OK;

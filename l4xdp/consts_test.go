@@ -54,6 +54,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 	want("F_WRR", vf["F_WRR"], FlagWRR)
 	want("F_WLC", vf["F_WLC"], FlagWLC)
 	want("F_TUNNEL", vf["F_TUNNEL"], FlagTunnel)
+	want("F_SECOND", vf["F_SECOND"], FlagSecondChance)
 	cf := enum("conn_flags")
 	want("C_COUNTED", cf["C_COUNTED"], connCounted)
 	want("C_SYN", cf["C_SYN"], connSYN)

@@ -164,13 +164,12 @@ type lbServerKey struct {
 }
 
 type lbTunnelScratch struct {
-	_      structs.HostLayout
-	Src    [16]uint8
-	Dst    [16]uint8
-	Second [16]uint8
-	Dmac   [6]uint8
-	Smac   [6]uint8
-	Pad    uint32
+	_    structs.HostLayout
+	Src  [16]uint8
+	Dst  [16]uint8
+	Dmac [6]uint8
+	Smac [6]uint8
+	Pad  uint32
 }
 
 type lbVipKey struct {

@@ -353,6 +353,9 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, pick, global, all []member) 
 	var err error
 	if s.Forwarding == pools.ForwardingTunnel {
 		v.Flags |= FlagTunnel
+		if s.SecondChance {
+			v.Flags |= FlagSecondChance
+		}
 		table, v.Second, err = secondChanceTable(hashed, draining(all, hashed), size, s.SecondChance)
 	} else {
 		table, err = maglevTable(hashed, size)
@@ -382,17 +385,10 @@ func maglevTable(ms []member, size uint64) ([]uint32, error) {
 		}
 		return table, nil
 	}
-	ramping := false
-	for _, m := range ms {
-		ramping = ramping || m.ramping
-	}
+	ws := tableWeights(ms)
 	hosts := make([]chash.Host, len(ms))
 	for i, m := range ms {
-		w := m.weight
-		if !ramping {
-			w = max(1, (m.weight+weightScale/2)/weightScale)
-		}
-		hosts[i] = chash.Host{ID: m.id, Weight: w}
+		hosts[i] = chash.Host{ID: m.id, Weight: ws[i]}
 	}
 	mt, err := chash.NewMaglev(hosts, size)
 	if err != nil {
@@ -402,6 +398,24 @@ func maglevTable(ms []member, size uint64) ([]uint32, error) {
 		table[i] = ms[h].slot
 	}
 	return table, nil
+}
+
+// tableWeights are the weights a table is built with from ms: the backends' own unless slow
+// start holds one of them down (then every weight is in weightScale units, ramped), so a
+// table with no ramp in progress is the one every tier builds from the pools file.
+func tableWeights(ms []member) []uint32 {
+	ramping := false
+	for _, m := range ms {
+		ramping = ramping || m.ramping
+	}
+	ws := make([]uint32, len(ms))
+	for i, m := range ms {
+		ws[i] = m.weight
+		if !ramping {
+			ws[i] = max(1, (m.weight+weightScale/2)/weightScale)
+		}
+	}
+	return ws
 }
 
 // firstVerdictHold is how long the checkers of f's vip services may take to give their

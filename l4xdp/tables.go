@@ -29,6 +29,9 @@ const (
 	// FlagTunnel: the VIP's backends are reached by tunnel, and its new flows pick from the
 	// second-chance table (Table's primaries with Second's secondaries).
 	FlagTunnel = 32
+	// FlagSecondChance: the tunnel VIP's table names secondaries, and a TCP entry idle two
+	// seconds is not followed blindly (the packet goes by the table).
+	FlagSecondChance = 64
 )
 
 // pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and

@@ -143,17 +143,10 @@ func (f *Tables) setTunnelTable(v VIP) error {
 // `stickylb plan` measures.
 func secondChanceTable(hashed, draining []member, rows uint64, second bool) (primary, secondary []uint32, err error) {
 	ms := append(append([]member(nil), hashed...), draining...)
-	ramping := false
-	for _, m := range ms {
-		ramping = ramping || m.ramping
-	}
+	ws := tableWeights(ms)
 	hosts := make([]chash.RendezvousHost, len(ms))
 	for i, m := range ms {
-		w := m.weight
-		if !ramping {
-			w = max(1, (m.weight+weightScale/2)/weightScale)
-		}
-		hosts[i] = chash.RendezvousHost{ID: m.id, Weight: max(w, 1), Draining: i >= len(hashed)}
+		hosts[i] = chash.RendezvousHost{ID: m.id, Weight: max(ws[i], 1), Draining: i >= len(hashed)}
 	}
 	r, err := chash.NewRendezvous(hosts, rows)
 	if err != nil {

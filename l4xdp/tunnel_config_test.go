@@ -131,8 +131,11 @@ func TestLoaderTunnel(t *testing.T) {
 		t.Fatal("the draining backend is no row's secondary: the test shows nothing")
 	}
 	flags, _ := vipTable(t, f, ids["far"])
-	if flags&FlagTunnel == 0 {
-		t.Errorf("far's VIP flags %d: no FlagTunnel", flags)
+	if flags&FlagTunnel == 0 || flags&FlagSecondChance == 0 {
+		t.Errorf("far's VIP flags %d: want FlagTunnel and FlagSecondChance", flags)
+	}
+	if flags, _ := vipTable(t, f, ids["plain"]); flags&FlagTunnel == 0 || flags&FlagSecondChance != 0 {
+		t.Errorf("plain's VIP flags %d: want FlagTunnel without FlagSecondChance", flags)
 	}
 	primary, second = tunnelRows(t, f, ids["plain"], 4099)
 	for i := range primary {

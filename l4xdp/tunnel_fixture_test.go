@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
@@ -66,6 +67,7 @@ type tunTable struct {
 	primary, second []uint32
 	rows            []chash.Pair
 	hosts           []tunHost
+	withSecond      bool
 }
 
 func newTunTable(t testing.TB, second bool, hosts ...tunHost) tunTable {
@@ -78,7 +80,7 @@ func newTunTable(t testing.TB, second bool, hosts ...tunHost) tunTable {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tt := tunTable{primary: make([]uint32, tunRows), second: make([]uint32, tunRows), rows: r.Rows(), hosts: hosts}
+	tt := tunTable{primary: make([]uint32, tunRows), second: make([]uint32, tunRows), rows: r.Rows(), hosts: hosts, withSecond: second}
 	for i, p := range r.Rows() {
 		tt.primary[i], tt.second[i] = emptySlot, emptySlot
 		if p.Primary >= 0 {
@@ -105,7 +107,11 @@ func (tt tunTable) pair(h uint32) (netip.Addr, netip.Addr) {
 }
 
 func tunVIP(id uint32, vip netip.AddrPort, proto uint8, tt tunTable) VIP {
-	return VIP{ID: id, Addr: vip, Proto: proto, Flags: FlagTunnel, Table: tt.primary, Second: tt.second}
+	flags := uint32(FlagTunnel)
+	if tt.withSecond {
+		flags |= FlagSecondChance
+	}
+	return VIP{ID: id, Addr: vip, Proto: proto, Flags: flags, Table: tt.primary, Second: tt.second}
 }
 
 // tunnelRig is the NAT fixtures' namespace with the tunnel's sources (natLB4 and natLB6 when
@@ -151,22 +157,15 @@ func tunnelRig(both bool) func(t *testing.T) *packetRig {
 }
 
 // tunnelHash is the program's outer-source hash (tunnel_hash in bpf/tunnel.h) from its
-// definition: the flow key's first 18 16-bit words (addresses and ports, as the key holds
-// them in memory), paired and multiplied by odd constants, xor-folded with the protocol,
-// and murmur3's finalizer.
-func tunnelHash(src, dst netip.Addr, sport, dport uint16, proto uint8) uint32 {
-	key := make([]byte, 36)
-	s, d := src.As16(), dst.As16()
-	copy(key, s[:])
-	copy(key[16:], d[:])
-	binary.BigEndian.PutUint16(key[32:], sport)
-	binary.BigEndian.PutUint16(key[34:], dport)
-	var h uint32
-	for i := 0; i < 18; i += 2 {
-		w0, w1 := uint32(binary.LittleEndian.Uint16(key[2*i:])), uint32(binary.LittleEndian.Uint16(key[2*i+2:]))
-		h ^= (w0<<16 | w1) * uint32(2*i+1)
-	}
-	h ^= uint32(proto)
+// definition: the client address's last 32 bits xor both ports (each as the packet holds
+// it, in 16-bit words read as the key holds them in memory), through murmur3's finalizer.
+func tunnelHash(src netip.Addr, sport, dport uint16) uint32 {
+	s := src.As16()
+	var p [4]byte
+	binary.BigEndian.PutUint16(p[:], sport)
+	binary.BigEndian.PutUint16(p[2:], dport)
+	word := func(b []byte) uint32 { return uint32(binary.LittleEndian.Uint16(b[0:]))<<16 | uint32(binary.LittleEndian.Uint16(b[2:])) }
+	h := word(s[12:]) ^ word(p[:])
 	h ^= h >> 16
 	h *= 0x85ebca6b
 	h ^= h >> 13
@@ -201,7 +200,7 @@ func guePrivate(v6 bool, hops uint8, second netip.Addr) []byte {
 func tunneled(t testing.TB, p natfxPkt, backend, second netip.Addr) []byte {
 	t.Helper()
 	inner := p.l3(t)
-	h := tunnelHash(p.src, p.dst, p.sport, p.dport, p.proto)
+	h := tunnelHash(p.src, p.sport, p.dport)
 	hops := uint8(0)
 	if second.IsValid() {
 		hops = 1
@@ -267,6 +266,38 @@ func (fl tunFlow) key() lbFlow {
 	return k
 }
 
+// otherThan is the first of the tunnel backends A, B, C that is neither a nor b.
+func otherThan(a, b netip.Addr) netip.Addr {
+	for _, x := range []netip.Addr{tunA, tunB, tunC} {
+		if x != a && x != b {
+			return x
+		}
+	}
+	panic("no third backend")
+}
+
+// pin is a setup step that writes fl's connection entry, pinned to slot and last seen idle
+// ago (as an earlier connection on the same 5-tuple may leave it).
+func pin(fl tunFlow, slot uint32, idle time.Duration) func(t *testing.T, r *packetRig) {
+	return pinTo(fl, tunVIPTCP4, slot, idle)
+}
+
+// pinTo is pin for a flow of VIP id.
+func pinTo(fl tunFlow, id uint16, slot uint32, idle time.Duration) func(t *testing.T, r *packetRig) {
+	return func(t *testing.T, r *packetRig) {
+		t.Helper()
+		var b lbBackend
+		if err := r.f.objs.Backends.Lookup(slot, &b); err != nil {
+			t.Fatal(err)
+		}
+		k := fl.key()
+		c := lbConn{Backend: uint16(slot), Gen: b.Gen, VipId: id, LastSeen: monoNow() - uint64(idle)}
+		if err := r.f.objs.Conns.Put(&k, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // remembered fails unless the connection table's entry for fl exists as want says.
 func remembered(fl tunFlow, want bool) func(t *testing.T, r *packetRig) {
 	return func(t *testing.T, r *packetRig) {
@@ -304,6 +335,8 @@ func tunnelFixtures(t *testing.T) []packetScenario {
 	// A flow this node never saw start (its ACK is a miss): the row's pair, not remembered.
 	f2 := tcp(vip4, natClient4, 40002)
 	p2, s2 := abc.pair(f2.hash())
+	stale := tcp(vip4, natClient4, 40004)
+	ps, ss := abc.pair(stale.hash())
 	f6 := tcp(vip6, natClient6, 40001)
 	p6, s6 := abc6.pair(f6.hash())
 	u := tunFlow{client: netip.AddrPortFrom(natClient4, 5300), vip: netip.AddrPortFrom(natVIP4, 53), proto: 17}
@@ -347,7 +380,7 @@ func tunnelFixtures(t *testing.T) []packetScenario {
 	fragOut := tunneled(t, frag, pf, netip.Addr{})
 	copy(fragOut[14+20+8+12:], fragIn[14:34]) // the inner header as it came, MF set
 	// The outer port hashes the fragment's flow, whose ports are 0.
-	binary.BigEndian.PutUint16(fragOut[14+20:], uint16(0xc000|tunnelHash(u.client.Addr(), u.vip.Addr(), 0, 0, 17)&0x3fff))
+	binary.BigEndian.PutUint16(fragOut[14+20:], uint16(0xc000|tunnelHash(u.client.Addr(), 0, 0)&0x3fff))
 
 	// One rig for all but the missing source (each rig loads the program: seconds each).
 	return []packetScenario{
@@ -355,6 +388,14 @@ func tunnelFixtures(t *testing.T) []packetScenario {
 			in("syn to the primary, with the secondary", f1.pkt("S", nil), tunneled(t, f1.pkt("S", nil), p1, s1)),
 			{name: "entry remembered", after: remembered(f1, true)},
 			in("data follows the entry, no secondary", f1.pkt("PA", data), tunneled(t, f1.pkt("PA", data), p1, netip.Addr{})),
+			// An entry to another backend than the row's primary, fresh: followed. Idle 3 s (an
+			// earlier connection on the same 5-tuple, or a table that moved meanwhile): the
+			// table's pair instead, and the entry goes.
+			step("an entry to another backend", pin(stale, tunSlot(otherThan(ps, ss)), 0)),
+			in("a fresh entry is followed", stale.pkt("A", nil), tunneled(t, stale.pkt("A", nil), otherThan(ps, ss), netip.Addr{})),
+			step("idle 3 s", pin(stale, tunSlot(otherThan(ps, ss)), 3*time.Second)),
+			in("an idle entry is not: the row's pair", stale.pkt("A", nil), tunneled(t, stale.pkt("A", nil), ps, ss)),
+			{name: "the idle entry went", after: remembered(stale, false)},
 			in("non-SYN miss: the row's pair", f2.pkt("A", nil), tunneled(t, f2.pkt("A", nil), p2, s2)),
 			{name: "a non-SYN miss with a secondary is not remembered", after: remembered(f2, false)},
 			in("and again: the same pair", f2.pkt("PA", data), tunneled(t, f2.pkt("PA", data), p2, s2)),
@@ -362,11 +403,14 @@ func tunnelFixtures(t *testing.T) []packetScenario {
 			{name: "udp remembered", after: remembered(u, true)},
 			in("second chance off: no secondary", off.pkt("A", nil), tunneled(t, off.pkt("A", nil), po, netip.Addr{})),
 			{name: "second chance off: remembered", after: remembered(off, true)},
+			// Without second chance an idle entry is followed, as for direct routing.
+			step("off's entry idle 3 s, to another backend", pinTo(off, tunVIPNoSC, tunSlot(otherThan(po, po)), 3*time.Second)),
+			in("second chance off: an idle entry is followed", off.pkt("A", nil), tunneled(t, off.pkt("A", nil), otherThan(po, po), netip.Addr{})),
 			on("lb0", tx("fragment: encapsulated to its primary", fragIn, fragOut)),
-			counts(map[string]uint64{"tunnel": 7, "tunnel_second": 4, "forward": 7, "conn_miss": 5, "conn_hit": 1, "fragment": 1}),
+			counts(map[string]uint64{"tunnel": 10, "tunnel_second": 5, "forward": 10, "conn_miss": 6, "conn_hit": 3, "conn_stale": 1, "fragment": 1}),
 			in("ipv6: syn to the primary, with the secondary", f6.pkt("S", nil), tunneled(t, f6.pkt("S", nil), p6, s6)),
 			in("ipv6: data follows the entry", f6.pkt("PA", data), tunneled(t, f6.pkt("PA", data), p6, netip.Addr{})),
-			counts(map[string]uint64{"tunnel": 9, "tunnel_second": 5}),
+			counts(map[string]uint64{"tunnel": 12, "tunnel_second": 6}),
 			// The MTU rule, TCP and UDP, both families: a packet that would exceed the route's
 			// MTU (1400, locked) once encapsulated is answered with the MTU less the overhead,
 			// sent back out to the client; one that fits is encapsulated.
@@ -375,7 +419,7 @@ func tunnelFixtures(t *testing.T) []packetScenario {
 			in("udp, 1361 bytes: fragmentation needed", narrowU.pkt("", udpOver), tooBig(t, narrowU.pkt("", udpOver), 1400-TunnelOverheadV4)),
 			in("ipv6, 1328 bytes fit", narrow6.pkt("PA", fits6), tunneled(t, narrow6.pkt("PA", fits6), tunNarrow6, netip.Addr{})),
 			in("ipv6, 1329 bytes: packet too big, MTU 1328", narrow6.pkt("PA", over6), tooBig(t, narrow6.pkt("PA", over6), 1400-TunnelOverheadV6)),
-			counts(map[string]uint64{"tunnel": 11, "tunnel_too_big": 3}),
+			counts(map[string]uint64{"tunnel": 14, "tunnel_too_big": 3}),
 			// One row across an add and a drain: before, its pair; D joins and ranks first, so
 			// D is primary and the row's previous primary its secondary (the flow reaches it in
 			// one more hop); D drains, so the previous primary serves again and D is secondary

@@ -33,6 +33,8 @@ enum vip_flags {
 	F_WLC = 16,   /* balance weighted_least_conn: new flows to the least active per weight */
 	F_TUNNEL = 32, /* forwarding tunnel: new flows pick from the VIP's second-chance table
 			* (tunnel_tables: a primary and a secondary per row) */
+	F_SECOND = 64, /* second chance: its table names secondaries, and an idle TCP entry is not
+			* followed blindly (tunnel_trusts) */
 };
 
 enum backend_flags {

@@ -63,7 +63,7 @@ static __always_inline int fragment(struct xdp_md *ctx, struct ethhdr *eth, stru
 		count(&path_stats, PATH_NAT_FRAGMENT, len);
 		return XDP_DROP;
 	}
-	return deliver(ctx, eth, f, b, bidx, vm->id, NO_SECOND, len);
+	return deliver(ctx, eth, f, b, bidx, vm->id, NO_SECOND, len, 0);
 }
 
 static __always_inline int vip_lookup_and_route(struct xdp_md *ctx, struct ethhdr *eth, struct flow *f, void *l4p,

@@ -27,12 +27,13 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, const
 }
 
 /* deliver sends a packet of flow f to backend b (slot bidx) the way b is reached: by tunnel
- * (with secondary second, NO_SECOND: none) or by direct routing. */
+ * (with secondary second, NO_SECOND: none; now, the clock the caller read, or 0) or by
+ * direct routing. */
 static __always_inline int deliver(struct xdp_md *ctx, struct ethhdr *eth, const struct flow *f, struct backend *b,
-				   __u32 bidx, __u32 vip_id, __u32 second, __u64 len)
+				   __u32 bidx, __u32 vip_id, __u32 second, __u64 len, __u64 now)
 {
 	if (b->flags & B_TUNNEL) {
-		struct tunnel_args a = {.bidx = bidx, .vip_id = vip_id, .second = second, .len = len};
+		struct tunnel_args a = {.bidx = bidx, .vip_id = vip_id, .second = second, .len = len, .now = now};
 		return tunnel_forward(ctx, f, b, &a);
 	}
 	return forward(ctx, eth, b, bidx, vip_id, len);
@@ -70,6 +71,8 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		 * reply entry is still its own. */
 		if (usable && !(c->flags & C_NAT) != !(b->flags & B_NAT))
 			usable = 0;
+		if (usable && (b->flags & B_TUNNEL) && !tunnel_trusts(vm, c, f, syn, now))
+			usable = 0;
 		if (usable && (c->flags & C_NAT) && !(tflags & T_ICMP) &&
 		    ((tflags & (T_FIN | T_RST)) || now > c->last_seen + NSEC_PER_SEC) &&
 		    !nat_refresh(c, b, f, now, rst ? NAT_RST : (tflags & T_FIN) ? NAT_CLOSING : 0))
@@ -100,7 +103,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 						     .tflags = tflags, .len = len};
 				return nat_forward(ctx, f, b, &a);
 			}
-			return deliver(ctx, eth, f, b, bidx, vm->id, NO_SECOND, len);
+			return deliver(ctx, eth, f, b, bidx, vm->id, NO_SECOND, len, now);
 		}
 		count(&path_stats, PATH_CONN_STALE, len);
 		if (!(tflags & T_ICMP)) {
@@ -197,5 +200,5 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	}
 	if (vm->flags & F_PANIC)
 		count(&path_stats, PATH_PANIC, len);
-	return deliver(ctx, eth, f, b, bidx, vm->id, second, len);
+	return deliver(ctx, eth, f, b, bidx, vm->id, second, len, now);
 }

@@ -19,6 +19,11 @@
 
 #define NO_SECOND 0xffffffff
 
+/* A tunnel VIP's TCP entry idle this long is not followed blindly: the packet goes by the
+ * second-chance table instead (tunnel_trusts). An active flow refreshes its entry every
+ * second. */
+#define TUNNEL_TRUST_NS (2 * NSEC_PER_SEC)
+
 /* opaque keeps the compiler from seeing through v (the verifier wants it computed as it is
  * written). */
 #define opaque(v) asm volatile("" : "+r"(v))
@@ -39,17 +44,27 @@ static __always_inline int tunnel_pick(const struct vip_meta *vm, __u32 h, __u32
 	return (__u32)*r;
 }
 
-/* tunnel_hash mixes the flow's words (murmur3's finalizer over their xor-fold): the outer
- * UDP source port and IPv6 flow label carry it, so that the network's ECMP spreads tunnels
- * as it spreads flows. Cheaper than the pick's hash, and computed on every packet. */
+/* tunnel_trusts says whether a packet of a tunnel VIP's flow may follow entry c (to a tunnel
+ * backend): with second chance, not a TCP non-SYN whose entry has been idle TUNNEL_TRUST_NS. Such an entry may
+ * be that of an earlier connection on the same 5-tuple (a node keeps an ended connection's
+ * entry to its idle timeout, and a client reuses its port a minute later, after its
+ * TIME_WAIT; the node that saw the new SYN replaced its own entry, the others did not), or
+ * the table may have moved while the flow was idle: by the table, the packet reaches its
+ * connection either way in one hop at most (the row's primary, then its secondary). */
+static __always_inline int tunnel_trusts(const struct vip_meta *vm, const struct conn *c, const struct flow *f, int syn,
+					 __u64 now)
+{
+	return !(vm->flags & F_SECOND) || f->proto != IPPROTO_TCP || syn || now <= c->last_seen + TUNNEL_TRUST_NS;
+}
+
+/* tunnel_hash mixes the client's address (its last 32 bits) and both ports by murmur3's
+ * finalizer: the outer UDP source port and IPv6 flow label carry it, so that the network's
+ * ECMP spreads tunnels as it spreads flows. Cheaper than the pick's hash (it runs on every
+ * packet); the flow's other words vary little between the flows of one tunnel. */
 static __always_inline __u32 tunnel_hash(const struct flow *f)
 {
-	const __u16 *w = (const __u16 *)f;
-	__u32 h = 0;
-#pragma unroll
-	for (int i = 0; i < 18; i += 2) /* addresses and ports */
-		h ^= ((__u32)w[i] << 16 | w[i + 1]) * (2 * i + 1);
-	h ^= f->proto;
+	const __u16 *w = (const __u16 *)f; /* a flow is 2-byte aligned */
+	__u32 h = ((__u32)w[6] << 16 | w[7]) ^ ((__u32)f->sport << 16 | f->dport);
 	h ^= h >> 16;
 	h *= 0x85ebca6b;
 	h ^= h >> 13;
@@ -64,14 +79,14 @@ struct tunnel_args {
 	__u32 second; /* the secondary's slot, NO_SECOND: none */
 	__u32 pad;
 	__u64 len;
+	__u64 now;    /* the caller's bpf_ktime_get_coarse_ns(), 0: read it here */
 };
 
 /* A CPU's scratch space for tunnel_forward and tunnel_too_big: the XDP stack of the forwarding path leaves it
  * too few bytes for these (as nat_scratch). */
 struct tunnel_scratch {
-	__u8 src[16];    /* the tunnel's source */
-	__u8 dst[16];    /* the backend */
-	__u8 second[16]; /* the secondary, zeros: none */
+	__u8 src[16]; /* tunnel_forward: the tunnel's source, for a FIB lookup */
+	__u8 dst[16]; /* tunnel_too_big: the answer's addresses and MACs */
 	__u8 dmac[ETH_ALEN];
 	__u8 smac[ETH_ALEN];
 	__u32 pad;
@@ -224,41 +239,42 @@ static __noinline int tunnel_forward(struct xdp_md *ctx, const struct flow *f, s
 		return XDP_DROP;
 	}
 	struct lb_config *cfg = lb_config();
-	__u32 zero = 0;
-	struct tunnel_scratch *sc = bpf_map_lookup_elem(&tunnel_scratch, &zero);
-	if (!cfg || !sc)
+	if (!cfg)
 		return XDP_DROP;
-	__builtin_memset(sc, 0, sizeof(*sc));
-	int none;
-	if (v6) {
-		__builtin_memcpy(sc->src, cfg->tunnel_v6, 16);
-		none = !(((__u64 *)sc->src)[0] | ((__u64 *)sc->src)[1]);
-	} else {
-		sc->src[10] = 0xff;
-		sc->src[11] = 0xff;
-		__builtin_memcpy(sc->src + 12, cfg->tunnel_v4, 4);
-		none = !((__u32 *)sc->src)[3];
+	const __u32 *s6 = (const __u32 *)cfg->tunnel_v6;
+	if (v6 ? !(s6[0] | s6[1] | s6[2] | s6[3]) : !*(const __u32 *)cfg->tunnel_v4) {
+		count(&path_stats, PATH_TUNNEL_NO_ROUTE, len); /* no source of the family */
+		return XDP_DROP;
 	}
-	if (none || fib_next_hop(ctx, v6, sc->src, b->addr, &b->nh, &b->mtu) < 0) {
-		count(&path_stats, PATH_TUNNEL_NO_ROUTE, len);
-		return XDP_DROP;
+	__u64 now = a->now ? a->now : bpf_ktime_get_coarse_ns();
+	if (!b->nh.at || now > b->nh.at + NSEC_PER_SEC) {
+		/* The FIB's answer is a second old (the only time the source is needed mapped). */
+		__u32 zero = 0;
+		struct tunnel_scratch *sc = bpf_map_lookup_elem(&tunnel_scratch, &zero);
+		if (!sc)
+			return XDP_DROP;
+		if (v6) {
+			__builtin_memcpy(sc->src, cfg->tunnel_v6, 16);
+		} else {
+			__builtin_memset(sc->src, 0, 10);
+			sc->src[10] = 0xff;
+			sc->src[11] = 0xff;
+			__builtin_memcpy(sc->src + 12, cfg->tunnel_v4, 4);
+		}
+		if (fib_next_hop(ctx, v6, sc->src, b->addr, &b->nh, &b->mtu) < 0) {
+			count(&path_stats, PATH_TUNNEL_NO_ROUTE, len);
+			return XDP_DROP;
+		}
 	}
 	if (b->mtu && ilen + overhead > b->mtu)
 		return tunnel_too_big(ctx, v6, b->mtu > overhead ? b->mtu - overhead : 0, len);
-	__u8 hops = 0;
+	struct backend *sb = NULL; /* the secondary */
 	if (a->second != NO_SECOND && a->second != a->bidx) {
 		__u32 sidx = a->second;
-		struct backend *sb = bpf_map_lookup_elem(&backends, &sidx);
-		if (sb && (sb->flags & B_ALIVE) && (sb->flags & B_TUNNEL)) {
-			__builtin_memcpy(sc->second, sb->addr, 16);
-			hops = GUE_HOPS;
-		}
+		sb = bpf_map_lookup_elem(&backends, &sidx);
+		if (sb && (!(sb->flags & B_ALIVE) || !(sb->flags & B_TUNNEL)))
+			sb = NULL;
 	}
-	__be16 dport = b->port;
-	__builtin_memcpy(sc->dmac, b->nh.dmac, ETH_ALEN);
-	__builtin_memcpy(sc->smac, b->nh.smac, ETH_ALEN);
-	__builtin_memcpy(sc->dst, b->addr, 16);
-	__u32 ifindex = b->nh.ifindex;
 	/* Ethernet padding of a short frame would ride inside the tunnel: cut it. */
 	if (frame > (long)ilen + ETH_HLEN && bpf_xdp_adjust_tail(ctx, (int)((long)ilen + ETH_HLEN - frame)))
 		return XDP_DROP;
@@ -269,8 +285,10 @@ static __noinline int tunnel_forward(struct xdp_md *ctx, const struct flow *f, s
 	eth = data;
 	if ((void *)(eth + 1) > data_end)
 		return XDP_DROP;
-	__builtin_memcpy(eth->h_dest, sc->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, sc->smac, ETH_ALEN);
+	/* Map values stay where they were across the adjustment: the MACs, addresses and
+	 * port are read from them, not copied ahead. */
+	__builtin_memcpy(eth->h_dest, b->nh.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, b->nh.smac, ETH_ALEN);
 	struct udphdr *udp;
 	if (v6) {
 		eth->h_proto = bpf_htons(ETH_P_IPV6);
@@ -285,25 +303,25 @@ static __noinline int tunnel_forward(struct xdp_md *ctx, const struct flow *f, s
 		ip->payload_len = bpf_htons(ilen + overhead - 40);
 		ip->nexthdr = IPPROTO_UDP;
 		ip->hop_limit = 64;
-		__builtin_memcpy(&ip->saddr, sc->src, 16);
-		__builtin_memcpy(&ip->daddr, sc->dst, 16);
+		__builtin_memcpy(&ip->saddr, cfg->tunnel_v6, 16);
+		__builtin_memcpy(&ip->daddr, b->addr, 16);
 		udp = (void *)(ip + 1);
 	} else {
 		eth->h_proto = bpf_htons(ETH_P_IP);
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > data_end)
 			return XDP_DROP;
-		ip->version = 4;
-		ip->ihl = 5;
-		ip->tos = tos;
-		ip->tot_len = bpf_htons(ilen + overhead);
-		ip->id = 0;
-		ip->frag_off = bpf_htons(0x4000); /* DF: the path's MTU is the LB's to answer */
-		ip->ttl = 64;
-		ip->protocol = IPPROTO_UDP;
-		ip->check = 0;
-		__builtin_memcpy(&ip->saddr, sc->src + 12, 4);
-		__builtin_memcpy(&ip->daddr, sc->dst + 12, 4);
+		/* Whole words, not bitfields: version 4, IHL 5, the inner TOS; no id; DF (the
+		 * path's MTU is the LB's to answer); TTL 64, UDP. */
+		__u16 *w = (__u16 *)ip;
+		w[0] = bpf_htons(0x4500 | tos);
+		w[1] = bpf_htons(ilen + overhead);
+		w[2] = 0;
+		w[3] = bpf_htons(0x4000);
+		w[4] = bpf_htons(64 << 8 | IPPROTO_UDP);
+		w[5] = 0;
+		__builtin_memcpy(&ip->saddr, cfg->tunnel_v4, 4);
+		__builtin_memcpy(&ip->daddr, b->addr + 12, 4);
 		ip->check = ip4_csum(ip);
 		udp = (void *)(ip + 1);
 	}
@@ -313,31 +331,37 @@ static __noinline int tunnel_forward(struct xdp_md *ctx, const struct flow *f, s
 	if ((void *)saddr > data_end)
 		return XDP_DROP;
 	udp->source = bpf_htons(0xc000 | (h & 0x3fff)); /* the ephemeral range 49152-65535 */
-	udp->dest = dport;
+	udp->dest = b->port;
 	udp->len = bpf_htons(ilen + overhead - (v6 ? 40 : 20));
 	udp->check = 0;
 	g->vchl = v6 ? GUE_HLEN_V6 : GUE_HLEN_V4;
 	g->proto = v6 ? IPPROTO_IPV6 : IPPROTO_IPIP;
 	g->flags = 0;
 	gs->kind = GUE_KIND_SECOND;
-	gs->hops = hops;
+	gs->hops = sb ? GUE_HOPS : 0;
 	gs->zero = 0;
 	if (v6) {
 		if ((void *)(saddr + 16) > data_end)
 			return XDP_DROP;
-		__builtin_memcpy(saddr, sc->second, 16);
+		if (sb)
+			__builtin_memcpy(saddr, sb->addr, 16);
+		else
+			__builtin_memset(saddr, 0, 16);
 	} else {
 		if ((void *)(saddr + 4) > data_end)
 			return XDP_DROP;
-		__builtin_memcpy(saddr, sc->second + 12, 4);
+		if (sb)
+			__builtin_memcpy(saddr, sb->addr + 12, 4);
+		else
+			__builtin_memset(saddr, 0, 4);
 	}
 	count(&path_stats, PATH_FORWARD, len);
 	count(&path_stats, PATH_TUNNEL, len);
-	if (hops)
+	if (sb)
 		count(&path_stats, PATH_TUNNEL_SECOND, len);
 	count(&vip_stats, a->vip_id, len);
 	count(&backend_stats, a->bidx, len);
-	if (ifindex == ctx->ingress_ifindex)
+	if (b->nh.ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
-	return bpf_redirect(ifindex, 0);
+	return bpf_redirect(b->nh.ifindex, 0);
 }

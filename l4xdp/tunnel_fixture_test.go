@@ -164,7 +164,9 @@ func tunnelHash(src netip.Addr, sport, dport uint16) uint32 {
 	var p [4]byte
 	binary.BigEndian.PutUint16(p[:], sport)
 	binary.BigEndian.PutUint16(p[2:], dport)
-	word := func(b []byte) uint32 { return uint32(binary.LittleEndian.Uint16(b[0:]))<<16 | uint32(binary.LittleEndian.Uint16(b[2:])) }
+	word := func(b []byte) uint32 {
+		return uint32(binary.LittleEndian.Uint16(b[0:]))<<16 | uint32(binary.LittleEndian.Uint16(b[2:]))
+	}
 	h := word(s[12:]) ^ word(p[:])
 	h ^= h >> 16
 	h *= 0x85ebca6b

@@ -49,9 +49,18 @@ func statusWait(t *testing.T, within time.Duration, what string, cond func() (bo
 
 func statusDo(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	t.Helper()
+	return statusDoHost(t, method, url, "", body, hdr...)
+}
+
+// statusDoHost is statusDo with the Host header host (the URL's when empty).
+func statusDoHost(t *testing.T, method, url, host, body string, hdr ...string) (int, string) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])

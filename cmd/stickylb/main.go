@@ -67,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 const (
 	validateUsage = "usage: stickylb validate [-q] FILE\n"
 	planUsage     = "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n"
-	xdsUsage      = "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n"
+	xdsUsage      = "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR [--admin-host NAME,...]] [--tls-cert F --tls-key F [--client-ca F]]\n"
 )
 
 // newFlagSet is a subcommand's flag set whose -h (or a flag it does not know) prints the

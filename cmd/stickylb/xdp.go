@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,8 +23,8 @@ import (
 )
 
 const xdpUsage = `usage:
-  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
-               [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
+  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR [--admin-host NAME,...]]
+               [--pin-root DIR] [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
@@ -47,6 +46,8 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	iface := fs.String("iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
 	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics at /metrics and the status page at / (off when empty)")
+	var metricsHosts hostList
+	fs.Var(&metricsHosts, "admin-host", "more Host names the --metrics address answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
 	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
@@ -69,6 +70,10 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
 		fmt.Fprint(stderr, "stickylb xdp: --node-id and --xds-* go with --xds\n")
+		return 2
+	}
+	if err := checkAdminHosts("--metrics", *metrics, metricsHosts); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 2
 	}
 	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||
@@ -118,7 +123,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return runXDPFleet(ctx, cfg, xn, *metrics, log, stdout, stderr)
+		return runXDPFleet(ctx, cfg, xn, *metrics, metricsHosts, log, stdout, stderr)
 	}
 	f, ok := load(*poolsPath, stderr)
 	if !ok {
@@ -141,9 +146,12 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
+		_, stopMetrics, err := serveAdmin(*metrics, metricsHosts, xdpMetricsHandler(l, reg, edits, log), log)
+		if err != nil {
+			fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
+			return 1
+		}
+		defer stopMetrics()
 	}
 	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
 	fmt.Fprintln(stdout, "ready")

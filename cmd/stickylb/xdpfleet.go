@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,7 +37,7 @@ func defaultNodeID(iface string) string {
 // starts on what a previous loader pinned (so a node restarted while the control plane is
 // down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
-func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, metricsHosts []string, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
 		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
@@ -75,9 +73,12 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	if metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, nil, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
+		_, stopMetrics, err := serveAdmin(metrics, metricsHosts, xdpMetricsHandler(l, reg, nil, log), log)
+		if err != nil {
+			fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
+			return 1
+		}
+		defer stopMetrics()
 	}
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -72,14 +71,11 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	defer g.GracefulStop()
 	adminAddr := ""
 	if o.admin != "" {
-		aln, err := net.Listen("tcp", o.admin)
-		if err != nil {
-			return fail(fmt.Errorf("listening for admin: %w", err))
+		var stopAdmin func()
+		if adminAddr, stopAdmin, err = serveAdmin(o.admin, o.adminHosts, cp.srv.AdminHandler(), log); err != nil {
+			return fail(fmt.Errorf("admin: %w", err))
 		}
-		adminAddr = aln.Addr().String()
-		hs := &http.Server{Handler: cp.srv.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(aln) }()
-		defer hs.Close()
+		defer stopAdmin()
 	}
 	go cp.watch(ctx, o, log)
 	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),

@@ -13,6 +13,7 @@ import (
 // xdsOptions are `stickylb xds`'s flags.
 type xdsOptions struct {
 	pools, listen, admin      string
+	adminHosts                hostList // more Host names the admin address answers
 	tlsCert, tlsKey, clientCA string
 	poll                      time.Duration
 	maxNodes                  int
@@ -27,6 +28,7 @@ func (o *xdsOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
 	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
+	fs.Var(&o.adminHosts, "admin-host", "more Host names the admin address answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
 }
 
@@ -48,6 +50,10 @@ func parseXDSFlags(args []string, stderr io.Writer) (xdsOptions, error) {
 	}
 	if o.pools == "" || fs.NArg() != 0 {
 		fmt.Fprint(stderr, xdsUsage)
+		return o, errXDSUsage
+	}
+	if err := checkAdminHosts("--admin", o.admin, o.adminHosts); err != nil {
+		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
 		return o, errXDSUsage
 	}
 	return o, nil

@@ -23,6 +23,16 @@ func TestXDSFlags(t *testing.T) {
 			t.Errorf("%s: tls %v, %v", flag, o.tls(), err)
 		}
 	}
+	if o, err := parseXDSFlags([]string{"--pools", "p.yaml", "--admin", ":18001", "--admin-host", "lb1.example, ops.example", "--admin-host", "10.0.0.5"}, &stderr); err != nil ||
+		strings.Join(o.adminHosts, " ") != "lb1.example ops.example 10.0.0.5" {
+		t.Errorf("--admin-host: %q, %v", o.adminHosts, err)
+	}
+	for _, args := range [][]string{{"--pools", "p.yaml", "--admin-host", "lb1.example"}, {"--pools", "p.yaml", "--admin", ":18001", "--admin-host", "http://lb1.example"}} {
+		stderr.Reset()
+		if _, err := parseXDSFlags(args, &stderr); parseError(err) != 2 || !strings.Contains(stderr.String(), "--admin-host") {
+			t.Errorf("%q: %v, stderr %q", args, err, stderr.String())
+		}
+	}
 	for _, args := range [][]string{{}, {"--pools", "p.yaml", "extra"}, {"--pools", "p.yaml", "--poll", "soon"}} {
 		stderr.Reset()
 		if _, err := parseXDSFlags(args, &stderr); parseError(err) != 2 || !strings.Contains(stderr.String(), xdsUsage) {

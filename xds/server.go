@@ -36,6 +36,8 @@ const DefaultMaxNodes = 10_000
 
 // Stats are the server's counters (exported as Prometheus metrics by the admin endpoint).
 type Stats struct {
+	// ReloadErrors counts rejected edits of the pools file: Watch counts each once, invalid
+	// or untranslatable; Update only returns the error.
 	Pushes, NACKs, Reloads, ReloadErrors, Rollbacks, HealthTransitions atomic.Uint64
 	// Builds counts snapshot translations: one per view zone and version, shared by the
 	// zone's streams.
@@ -551,7 +553,9 @@ func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
 	}
 }
 
-// Update replaces the pools file (a reload) and pushes a new version to every stream.
+// Update replaces the pools file (a reload) and pushes a new version to every stream. A
+// file that does not translate keeps the last good one serving and is returned as an
+// error, not counted: the caller counts the rejected edit (Watch does, once).
 func (s *Server) Update(f *pools.File) error {
 	s.lockBuild()
 	defer s.buildMu.Unlock()
@@ -589,7 +593,8 @@ func (s *Server) publish(f *pools.File) error {
 	for z := range need {
 		snap, err := s.build(f, viewNode(z), strconv.Itoa(next), view)
 		if err != nil {
-			s.Stats.ReloadErrors.Add(1)
+			// Not counted here: whoever offered the file counts the rejected edit once
+			// (Watch through pools.Watcher); a refresh's failure is no edit.
 			return fmt.Errorf("pools file not applied: %w", err)
 		}
 		built[z] = snap

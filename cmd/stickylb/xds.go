@@ -65,7 +65,7 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	if err != nil {
 		return fail(fmt.Errorf("listening for xDS: %w", err))
 	}
-	g := grpc.NewServer(gopts...)
+	g := grpc.NewServer(append(gopts, cp.srv.GRPCServerOptions()...)...)
 	cp.srv.Register(g)
 	go func() { _ = g.Serve(ln) }()
 	defer g.GracefulStop()
@@ -127,7 +127,7 @@ func startControlPlane(ctx context.Context, f *pools.File, o xdsOptions, log *za
 			log.Error("publishing health", zap.Error(err))
 		}
 	})
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready), xds.WithProbes(cp.mon.Lookup)}
+	xopts := append(o.limits(), xds.WithFirstVerdicts(first.ready), xds.WithProbes(cp.mon.Lookup))
 	if o.clientCA != "" {
 		// mTLS: a node id speaks only for the certificate that covers it.
 		xopts = append(xopts, xds.WithNodeIdentity())

@@ -15,7 +15,9 @@ import (
 func TestXDSFlags(t *testing.T) {
 	var stderr bytes.Buffer
 	o, err := parseXDSFlags([]string{"--pools", "p.yaml"}, &stderr)
-	if err != nil || o.pools != "p.yaml" || o.listen != "127.0.0.1:18000" || o.poll != time.Second || o.maxNodes != xds.DefaultMaxNodes || o.admin != "" || o.tls() {
+	if err != nil || o.pools != "p.yaml" || o.listen != "127.0.0.1:18000" || o.poll != time.Second || o.maxNodes != xds.DefaultMaxNodes || o.admin != "" || o.tls() ||
+		o.maxNodesPerIdentity != xds.DefaultMaxNodesPerIdentity || o.maxStreams != xds.DefaultMaxStreams || o.maxStreamsPerNode != xds.DefaultMaxStreamsPerNode ||
+		o.maxStreamsPerConn != xds.DefaultMaxStreamsPerConn || o.firstRequest != xds.DefaultFirstRequestTimeout {
 		t.Fatalf("defaults: %+v, %v (%s)", o, err, stderr.String())
 	}
 	for _, flag := range []string{"--tls-cert", "--tls-key", "--client-ca"} {

@@ -26,6 +26,13 @@ func (h *hostList) Set(v string) error {
 	return nil
 }
 
+// httpAddr is an address flag of an unauthenticated HTTP endpoint and the more Host names
+// it answers (--admin-host).
+type httpAddr struct {
+	addr  string
+	hosts hostList
+}
+
 // adminHostHint says, in a refusal, which Host names an endpoint answers.
 const adminHostHint = "it answers its listen address, localhost when that is loopback, any IP address when it listens on all of them, and the names given with --admin-host"
 

@@ -20,7 +20,12 @@ type xdsOptions struct {
 	// The bounds on nodes and streams (xds.With...): see docs/xds.md.
 	maxNodesPerIdentity, maxStreams, maxStreamsPerNode, maxStreamsPerConn int
 	firstRequest                                                          time.Duration
+	// replica: the replicated mode's flags (--etcd and what goes with it).
+	replica replicaFlags
 }
+
+// replicated reports whether the flags ask for a replica of the replicated mode (--etcd).
+func (o *xdsOptions) replicated() bool { return o.replica.store.etcd != "" }
 
 // register adds the flags to fs, at their defaults.
 func (o *xdsOptions) register(fs *flag.FlagSet) {
@@ -38,13 +43,14 @@ func (o *xdsOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxStreamsPerNode, "max-streams-per-node", xds.DefaultMaxStreamsPerNode, "streams one node id may hold at once (one ADS stream, or one per type, and reconnects)")
 	fs.IntVar(&o.maxStreamsPerConn, "max-streams-per-conn", xds.DefaultMaxStreamsPerConn, "concurrent streams on one connection (HTTP/2 MAX_CONCURRENT_STREAMS)")
 	fs.DurationVar(&o.firstRequest, "first-request-timeout", xds.DefaultFirstRequestTimeout, "how long a new stream may take to send its first request for a type the server serves before it is ended")
+	o.replica.register(fs)
 }
 
 // tls reports whether the flags ask for TLS (serverTLS checks that they go together).
 func (o *xdsOptions) tls() bool { return o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" }
 
-// errXDSUsage is a command line parseXDSFlags refused after its flags parsed: no --pools,
-// or arguments left over.
+// errXDSUsage is a command line parseXDSFlags refused after its flags parsed: neither
+// --pools nor --etcd, both, or arguments left over.
 var errXDSUsage = errors.New("stickylb xds: usage")
 
 // parseXDSFlags reads `stickylb xds`'s arguments. Its error is flag.ErrHelp for -h, or a
@@ -56,7 +62,11 @@ func parseXDSFlags(args []string, stderr io.Writer) (xdsOptions, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	if o.pools == "" || fs.NArg() != 0 {
+	if o.replicated() && o.pools != "" {
+		fmt.Fprint(stderr, "stickylb xds: --etcd and --pools exclude each other: the replicas serve the pools file stored in etcd; load it with `stickylb pools apply FILE --etcd URL`\n")
+		return o, errXDSUsage
+	}
+	if o.pools == "" && !o.replicated() || fs.NArg() != 0 {
 		fmt.Fprint(stderr, xdsUsage)
 		return o, errXDSUsage
 	}

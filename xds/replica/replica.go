@@ -71,10 +71,12 @@ type Replica struct {
 	// file is the pools file in service and the document revision it was parsed from.
 	file    *pools.File
 	fileRev int64
-	// published is the file of the server's current version; untranslatable, the last file
-	// the server refused (counted once in ReloadErrors, however often it is retried).
-	published, untranslatable *pools.File
-	latest                    *store.State // the newest state read, served or not
+	// published is the file of the server's current version.
+	published *pools.File
+	latest    *store.State // the newest state read, served or not
+	// untranslatable is the last file the server refused to publish: counted once in
+	// ReloadErrors, however often it is retried.
+	untranslatable *pools.File
 	// released: the first-verdicts hold is over (it holds once, at a cold start).
 	released    bool
 	holdTimer   *time.Timer

@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -34,14 +31,7 @@ http://status.example:%d {
 	stickylb_status
 }
 `, adminPort, proxyPort, proxyPort, a1, anyPort, namedPort)
-	cfgJSON, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v %v", err, warn)
-	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	runCaddyfile(t, cf)
 	t.Cleanup(func() { drains.undrain(a1) })
 	body := `{"upstream":"` + a1 + `"}`
 	drain := func(port int, host string) (int, string, bool) {

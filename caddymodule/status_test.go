@@ -41,6 +41,19 @@ func statusBackend(t *testing.T, name string) (addr string, kill func()) {
 	return ln.Addr().String(), func() { srv.Close() }
 }
 
+// runCaddyfile runs Caddy with the Caddyfile cf until the test ends.
+func runCaddyfile(t *testing.T, cf string) {
+	t.Helper()
+	cfgJSON, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
+	if err != nil {
+		t.Fatalf("adapting: %v %v", err, warn)
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}
+
 // statusWait polls cond every 20ms until it holds or within passes.
 func statusWait(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -130,14 +143,7 @@ func TestStatusHandlerLive(t *testing.T) {
 	stickylb_status
 }
 `, adminPort, proxyPort, proxyPort, a1, a2, a3, statusPort)
-	cfgJSON, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v %v", err, warn)
-	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	runCaddyfile(t, cf)
 	base := fmt.Sprintf("http://127.0.0.1:%d/", statusPort)
 	proxy := fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
 

@@ -267,7 +267,7 @@ func (s *Server) cacheOf(st *stream) cachev3.SnapshotCache {
 const deltaAckVersion = "\x00delta"
 
 // Register adds ADS and the per-type services to g, every stream behind the limits
-// (limits.go). Serve g with GRPCServerOptions.
+// (guard.go, limits.go). Serve g with GRPCServerOptions.
 func (s *Server) Register(g *grpc.Server) {
 	gs := guarded{Server: s.xds, s: s}
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, gs)

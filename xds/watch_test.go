@@ -18,12 +18,12 @@ import (
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
-// TestWatchRefusesOversizeBeforeReading: a pools file over the 32 MiB limit (here a 64 MiB
-// sparse file, as a wrong path or a runaway generator would leave) is refused and counted
-// without being read: the watcher's allocations stay far below the file's size.
-func TestWatchRefusesOversizeBeforeReading(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "pools.yaml")
-	src := "services:\n  - {name: a, protocol: http, listen: 127.0.0.1:1, backends: [{address: 10.0.0.1:80}]}\n"
+// watchedFile writes a pools file of one service and returns its path, its content and a
+// server of it (not watching yet).
+func watchedFile(ctx context.Context, t *testing.T) (path, src string, s *Server) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "pools.yaml")
+	src = "services:\n  - {name: a, protocol: http, listen: 127.0.0.1:1, backends: [{address: 10.0.0.1:80}]}\n"
 	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -31,9 +31,16 @@ func TestWatchRefusesOversizeBeforeReading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return path, src, NewServer(ctx, f, nil, zaptest.NewLogger(t))
+}
+
+// TestWatchRefusesOversizeBeforeReading: a pools file over the 32 MiB limit (here a 64 MiB
+// sparse file, as a wrong path or a runaway generator would leave) is refused and counted
+// without being read: the watcher's allocations stay far below the file's size.
+func TestWatchRefusesOversizeBeforeReading(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := NewServer(ctx, f, nil, zaptest.NewLogger(t))
+	path, src, s := watchedFile(ctx, t)
 	done := make(chan struct{})
 	go func() { defer close(done); Watch(ctx, path, 10*time.Millisecond, s, zaptest.NewLogger(t), nil) }()
 	// A valid edit first, so the watcher is known to be polling.
@@ -67,18 +74,9 @@ func TestWatchRefusesOversizeBeforeReading(t *testing.T) {
 // edit: stickylb_xds_reload_errors_total moves by one, not once in the server and once in
 // the watcher.
 func TestUntranslatableEditCountedOnce(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "pools.yaml")
-	src := "services:\n  - {name: a, protocol: http, listen: 127.0.0.1:1, backends: [{address: 10.0.0.1:80}]}\n"
-	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := pools.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	s := NewServer(ctx, f, nil, zaptest.NewLogger(t))
+	path, src, s := watchedFile(ctx, t)
 	s.testNode(t, "n", "") // a view in use: an edit is built for it
 	var breaking atomic.Bool
 	breaking.Store(true)

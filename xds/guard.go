@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -243,14 +244,23 @@ func trimRequest(r any) {
 }
 
 // trimNode is what the server reads of a node: its id, zone and user agent name (nil for
-// nil). The strings are kept as sent, over their bounds too, for admission to refuse.
+// nil). A string over its bound is cut one byte past it: admission still sees it too long
+// and refuses it, and a stream never keeps more.
 func trimNode(n *corev3.Node) *corev3.Node {
 	if n == nil {
 		return nil
 	}
-	out := &corev3.Node{Id: n.GetId(), UserAgentName: n.GetUserAgentName()}
+	out := &corev3.Node{Id: cut(n.GetId(), maxNodeIDLength+1), UserAgentName: cut(n.GetUserAgentName(), maxUserAgentLength+1)}
 	if z := n.GetLocality().GetZone(); z != "" {
-		out.Locality = &corev3.Locality{Zone: z}
+		out.Locality = &corev3.Locality{Zone: cut(z, maxNodeZoneLength+1)}
 	}
 	return out
+}
+
+// cut is v's first n bytes, in a string of its own (a substring would keep all of v).
+func cut(v string, n int) string {
+	if len(v) <= n {
+		return v
+	}
+	return strings.Clone(v[:n])
 }

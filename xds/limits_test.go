@@ -550,10 +550,15 @@ func TestNodeOnAnUnknownTypeRequest(t *testing.T) {
 func TestNodeStringsBounded(t *testing.T) {
 	s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zap.NewNop())
 	for _, n := range []*corev3.Node{
-		{Id: strings.Repeat("i", maxNodeIDLength+1)},
+		{Id: strings.Repeat("i", 1<<20)},
 		{Id: "z", Locality: &corev3.Locality{Zone: strings.Repeat("z", maxNodeZoneLength+1)}},
-		{Id: "u", UserAgentName: strings.Repeat("u", maxUserAgentLength+1)},
+		{Id: "u", UserAgentName: strings.Repeat("u", 1<<20)},
 	} {
+		// As the guard hands it on: cut to its bounds plus one byte.
+		n = trimNode(n)
+		if size := proto.Size(n); size > maxNodeIDLength+maxUserAgentLength+16 {
+			t.Errorf("a trimmed node is %d bytes", size)
+		}
 		s.mu.Lock()
 		st := &stream{id: 1, key: "stream/1"}
 		err := s.checkAdmissionLocked(st, n)

@@ -62,7 +62,7 @@ func serveAdmin(addr string, hosts []string, h http.Handler, log *zap.Logger) (s
 	}
 	guarded := names.Guard(h, adminHostHint, func(r *http.Request) {
 		log.Warn("refused an HTTP request for a name this endpoint does not have (DNS rebinding, or a name to add with --admin-host)",
-			zap.String("host", r.Host), zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+			zap.String("host", logCut(r.Host)), zap.String("remote", r.RemoteAddr), zap.String("path", logCut(r.URL.Path)))
 	})
 	hs := &http.Server{Handler: guarded, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
@@ -80,4 +80,12 @@ func checkAdminHosts(addrFlag, addr string, hosts []string) error {
 	}
 	_, err := adminNames(addr, hosts)
 	return err
+}
+
+// logCut keeps a client's string to 256 bytes in a log line.
+func logCut(v string) string {
+	if len(v) > 256 {
+		return v[:256] + "..."
+	}
+	return v
 }

@@ -23,7 +23,7 @@ import (
 )
 
 const backendUsage = `usage:
-  stickylb backend --iface IF --lb-source PREFIX[,PREFIX...] [--tunnel-port PORT[,PORT...]] [--metrics ADDR] [--pin-root DIR]
+  stickylb backend --iface IF --lb-source PREFIX[,PREFIX...] [--tunnel-port PORT[,PORT...]] [--metrics ADDR [--admin-host NAME,...]] [--pin-root DIR]
                                     decapsulate the tunnel's GUE on IF, pass packets of no connection here to their secondary
   stickylb backend stats --iface IF [--pin-root DIR]     the pinned agent's counters
   stickylb backend detach --iface IF [--pin-root DIR]    remove the agent and its pinned state
@@ -35,7 +35,7 @@ var backendSubcommands = map[string]bool{"stats": true, "detach": true}
 // backendFlags is `stickylb backend`'s command line.
 type backendFlags struct {
 	sub     string
-	metrics string
+	metrics httpAddr // --metrics, and the Host names it answers (--admin-host)
 	cfg     agent.Config
 }
 
@@ -53,7 +53,8 @@ func parseBackendFlags(args []string, stderr io.Writer) (fl backendFlags, err er
 	var sources lbSources
 	fs.Var(&ports, "tunnel-port", fmt.Sprintf("UDP port of the tunnel's GUE (the pools file's tunnel_port; repeat or separate with commas; default %d)", agent.DefaultTunnelPort))
 	fs.Var(&sources, "lb-source", "the LB nodes' tunnel sources, addresses or prefixes (repeat or separate with commas): tunnel packets from elsewhere are dropped")
-	fs.StringVar(&fl.metrics, "metrics", "", "HTTP address for Prometheus metrics at /metrics and status.json beside them (off when empty)")
+	fs.StringVar(&fl.metrics.addr, "metrics", "", "HTTP address for Prometheus metrics at /metrics and status.json beside them (off when empty)")
+	fs.Var(&fl.metrics.hosts, "admin-host", "more Host names the --metrics address answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 	fs.StringVar(&fl.cfg.PinRoot, "pin-root", agent.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
 	if err := fs.Parse(args); err != nil {
 		return fl, err
@@ -65,6 +66,10 @@ func parseBackendFlags(args []string, stderr io.Writer) (fl backendFlags, err er
 	}
 	if fl.sub == "" {
 		if err := fl.cfg.Validate(); err != nil {
+			fmt.Fprintf(stderr, "stickylb backend: %v\n", err)
+			return fl, errBackendUsage
+		}
+		if err := checkAdminHosts("--metrics", fl.metrics.addr, fl.metrics.hosts); err != nil {
 			fmt.Fprintf(stderr, "stickylb backend: %v\n", err)
 			return fl, errBackendUsage
 		}
@@ -168,7 +173,12 @@ func runBackend(fl backendFlags, stdout, stderr io.Writer) int {
 	defer a.Close() // the program and its pinned counters stay
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	defer serveBackendMetrics(fl.metrics, a, log)()
+	stopMetrics, err := serveBackendMetrics(fl.metrics, a, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb backend: --metrics: %v\n", err)
+		return 1
+	}
+	defer stopMetrics()
 	st, _ := a.Status()
 	log.Info("decapsulating", zap.String("iface", fl.cfg.Iface), zap.Uint16s("tunnel_ports", st.TunnelPorts),
 		zap.Stringer("lb_sources", (*lbSources)(&fl.cfg.LBSources)), zap.Int("local_addresses", st.LocalAddrs))
@@ -177,18 +187,18 @@ func runBackend(fl backendFlags, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// serveBackendMetrics serves, at addr, the agent's counters (Prometheus, at /metrics and
-// every path but status.json) and its status.json, until the function it returns is called.
-// An empty addr serves nothing. Unauthenticated and read-only: keep it private.
-func serveBackendMetrics(addr string, a *agent.Agent, log *zap.Logger) (stop func()) {
-	if addr == "" {
-		return func() {}
+// serveBackendMetrics serves, at m's address, the agent's counters (Prometheus, at /metrics
+// and every path but status.json) and its status.json, to the Host names m answers, until
+// the function it returns is called. An empty address serves nothing. Unauthenticated and
+// read-only: keep it private.
+func serveBackendMetrics(m httpAddr, a *agent.Agent, log *zap.Logger) (stop func(), err error) {
+	if m.addr == "" {
+		return func() {}, nil
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(backendCollector{a})
-	hs := &http.Server{Addr: addr, Handler: backendMetricsHandler(a, reg, log), ReadHeaderTimeout: 5 * time.Second}
-	go hs.ListenAndServe()
-	return func() { hs.Close() }
+	_, stop, err = serveAdmin(m.addr, m.hosts, backendMetricsHandler(a, reg, log), log)
+	return stop, err
 }
 
 func backendMetricsHandler(a *agent.Agent, reg *prometheus.Registry, log *zap.Logger) http.Handler {

@@ -28,6 +28,7 @@ func TestBackendFlags(t *testing.T) {
 		{[]string{"--iface", "lo", "--lb-source", "10.0.0.1", "--tunnel-port", "0"}, `"0": want a port 1..65535`},
 		{[]string{"--iface", "lo", "--lb-source", "::ffff:10.0.0.1"}, "write IPv4 as IPv4"},
 		{[]string{"--lb-source", "10.0.0.1"}, "usage:\n  stickylb backend"},
+		{[]string{"--iface", "lo", "--lb-source", "10.0.0.1", "--admin-host", "lb.example"}, "--admin-host goes with --metrics"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := backendCmd(tc.args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {

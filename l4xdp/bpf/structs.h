@@ -127,7 +127,6 @@ struct lb_config {
 	__u8 tunnel_v6[16]; /* and IPv6 */
 };
 
-
 /* A CPU's insert budget: inserts made in the current one-second window. */
 struct insert_budget {
 	__u64 window;

@@ -16,7 +16,7 @@ import (
 // of the rule written here (WLC), never from the program.
 
 // onOneCPU pins the test's goroutine to one thread on CPU 0 until the test ends.
-func onOneCPU(t *testing.T) {
+func onOneCPU(t testing.TB) {
 	t.Helper()
 	runtime.LockOSThread()
 	var old, one unix.CPUSet

@@ -49,6 +49,7 @@ type WeightedLeastConn struct {
 	clocks   *clockStore
 	clockKey string
 	now      func() time.Time
+	picks    pickLog
 }
 
 // CaddyModule returns the Caddy module information.
@@ -68,6 +69,7 @@ const (
 // Provision sets up the policy.
 func (p *WeightedLeastConn) Provision(ctx caddy.Context) error {
 	p.now = time.Now
+	p.picks = pickLog(mayRetry(ctx))
 	aggr := p.Aggression
 	if aggr == 0 {
 		aggr = defaultAggression
@@ -148,7 +150,11 @@ func (p *WeightedLeastConn) weight(i int, u *reverseproxy.Upstream) float64 {
 // its cost per upstream is what makes it as cheap as Caddy's least_conn (which breaks ties
 // with a random draw per tied upstream).
 func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
-	t := triedFor(r)
+	var vars map[string]any
+	if p.picks {
+		vars = requestVars(r)
+	}
+	t := p.picks.tried(vars)
 	var now time.Time
 	if p.clocks != nil {
 		now = p.now()
@@ -208,7 +214,7 @@ func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Reque
 	}
 	// Recorded so that a retry of this request (directly under reverse_proxy, or as the
 	// fallback of a sticky policy) skips it.
-	recordPick(r, pool[pick])
+	p.picks.record(vars, pool[pick])
 	return pool[pick]
 }
 

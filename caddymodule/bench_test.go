@@ -250,7 +250,9 @@ func BenchmarkClientIP(b *testing.B) {
 func BenchmarkHeader(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		reqs := plainRequests(func(i int, r *http.Request) { r.Header.Set("X-Session", fmt.Sprintf("session-%08d", i)) })
-		noTable := func(*testing.B) any { return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}} }
+		noTable := func(*testing.B) any {
+			return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}}
+		}
 		runArms(b, src, reqs,
 			benchArm{impl: "stickylb", name: "sticky_header", cfg: noTable},
 			benchArm{impl: "stickylb-retries", name: "sticky_header", cfg: noTable, retries: 2},

@@ -1,5 +1,6 @@
 // Package stickylb registers stickylb's Caddy modules, so that
-// `xcaddy build --with github.com/stickylb/stickylb` builds a Caddy with them.
+// `xcaddy build --with github.com/stickylb/stickylb@v0.0.0=$PWD` (from a checkout: the module
+// is not published) builds a Caddy with them.
 // The algorithms live in policies/, the modules in caddymodule/.
 package stickylb
 

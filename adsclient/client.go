@@ -291,12 +291,18 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 	}
 	c.mu.Unlock()
 	c.log.Info("xDS stream up")
+	resps, recvErr := receive(ctx, st, &recvWG)
+	return c.exchange(ctx, st, resps, recvErr)
+}
 
+// receive runs st's Recv on a goroutine of wg until it fails (the error on the second
+// channel) or ctx ends, handing over each response.
+func receive(ctx context.Context, st adsStream, wg *sync.WaitGroup) (<-chan *discoveryv3.DiscoveryResponse, <-chan error) {
 	resps := make(chan *discoveryv3.DiscoveryResponse)
 	recvErr := make(chan error, 1)
-	recvWG.Add(1)
+	wg.Add(1)
 	go func() {
-		defer recvWG.Done()
+		defer wg.Done()
 		for {
 			r, err := st.Recv()
 			if err != nil {
@@ -310,26 +316,18 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 			}
 		}
 	}()
+	return resps, recvErr
+}
 
+// exchange asks for the subscriptions on st, applies the responses and answers each with
+// its ACK or NACK (a repeated NACK held for its delay), until the stream fails or ctx
+// ends; healthy reports whether a response came.
+func (c *Client) exchange(ctx context.Context, st adsStream, resps <-chan *discoveryv3.DiscoveryResponse, recvErr <-chan error) (healthy bool, err error) {
 	types := map[string]*typeStream{}
 	if err := c.sync(st, types); err != nil {
 		return false, err
 	}
-	// held are NACKs waiting out their delay, by type; fire is the earliest one's timer.
-	held := map[string]heldNACK{}
-	var fire <-chan time.Time
-	rearm := func() {
-		fire = nil
-		var first time.Time
-		for _, h := range held {
-			if first.IsZero() || h.at.Before(first) {
-				first = h.at
-			}
-		}
-		if !first.IsZero() {
-			fire = time.After(time.Until(first))
-		}
-	}
+	var held heldNACKs
 	for {
 		select {
 		case <-ctx.Done():
@@ -340,49 +338,94 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 			if err := c.sync(st, types); err != nil {
 				return healthy, err
 			}
-			for typeURL := range held {
-				if types[typeURL].sub == nil {
-					delete(held, typeURL) // unsubscribed meanwhile
+			held.keep(func(typeURL string) bool { return types[typeURL].sub != nil }) // not unsubscribed meanwhile
+		case <-held.fire:
+			for _, req := range held.due(time.Now()) {
+				if err := st.Send(req); err != nil {
+					return healthy, fmt.Errorf("sending the %s NACK: %w", req.GetTypeUrl(), err)
 				}
 			}
-			rearm()
-		case <-fire:
-			now := time.Now()
-			for typeURL, h := range held {
-				if !now.Before(h.at) {
-					delete(held, typeURL)
-					if err := st.Send(h.req); err != nil {
-						return healthy, fmt.Errorf("sending the %s NACK: %w", typeURL, err)
-					}
-				}
-			}
-			rearm()
 		case r := <-resps:
 			healthy = true
-			if _, ok := held[r.GetTypeUrl()]; ok {
-				delete(held, r.GetTypeUrl()) // answered by what answers this newer response
-				rearm()
-			}
-			req, delay := c.handle(types, r)
-			if req == nil {
-				continue
-			}
-			if delay > 0 {
-				held[r.GetTypeUrl()] = heldNACK{req: req, at: time.Now().Add(delay)}
-				rearm()
-				continue
-			}
-			if err := st.Send(req); err != nil {
-				return healthy, fmt.Errorf("sending the %s (N)ACK: %w", r.GetTypeUrl(), err)
+			held.drop(r.GetTypeUrl()) // answered by what answers this newer response
+			switch req, delay := c.handle(types, r); {
+			case req == nil:
+			case delay > 0:
+				held.hold(req, time.Now().Add(delay))
+			default:
+				if err := st.Send(req); err != nil {
+					return healthy, fmt.Errorf("sending the %s (N)ACK: %w", r.GetTypeUrl(), err)
+				}
 			}
 		}
 	}
+}
+
+// heldNACKs are the NACKs of one stream waiting out their delay, one per type URL, and the
+// timer of the earliest (nil when none waits, so a select on it never fires).
+type heldNACKs struct {
+	by   map[string]heldNACK
+	fire <-chan time.Time
 }
 
 // heldNACK is a NACK sent when its delay is over.
 type heldNACK struct {
 	req *discoveryv3.DiscoveryRequest
 	at  time.Time
+}
+
+// hold keeps req, a NACK, until at, in place of any NACK of its type held already.
+func (h *heldNACKs) hold(req *discoveryv3.DiscoveryRequest, at time.Time) {
+	if h.by == nil {
+		h.by = map[string]heldNACK{}
+	}
+	h.by[req.GetTypeUrl()] = heldNACK{req: req, at: at}
+	h.rearm()
+}
+
+// drop forgets the NACK of typeURL, if one is held.
+func (h *heldNACKs) drop(typeURL string) {
+	if _, ok := h.by[typeURL]; ok {
+		delete(h.by, typeURL)
+		h.rearm()
+	}
+}
+
+// keep forgets the NACKs of the types keep refuses.
+func (h *heldNACKs) keep(keep func(typeURL string) bool) {
+	for typeURL := range h.by {
+		if !keep(typeURL) {
+			delete(h.by, typeURL)
+		}
+	}
+	h.rearm()
+}
+
+// due removes and returns the NACKs whose delay is over at now, by type URL.
+func (h *heldNACKs) due(now time.Time) []*discoveryv3.DiscoveryRequest {
+	var out []*discoveryv3.DiscoveryRequest
+	for _, typeURL := range sortedKeys(h.by) {
+		if hn := h.by[typeURL]; !now.Before(hn.at) {
+			delete(h.by, typeURL)
+			out = append(out, hn.req)
+		}
+	}
+	h.rearm()
+	return out
+}
+
+// rearm sets the timer for the earliest NACK held.
+func (h *heldNACKs) rearm() {
+	h.fire = nil
+	var first time.Time
+	for _, hn := range h.by {
+		if first.IsZero() || hn.at.Before(first) {
+			first = hn.at
+		}
+	}
+	if !first.IsZero() {
+		h.fire = time.After(time.Until(first))
+	}
 }
 
 // sync sends a request for every subscription the stream has not asked for as it now

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -370,9 +371,33 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startServer(t, "", cache)
-	ours := func() int {
+	// ours counts the client's goroutines, and those of them parked (not running or
+	// runnable: waiting on a channel, a timer, the network).
+	ours := func() (n, parked int) {
 		buf := make([]byte, 1<<20)
-		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "adsclient.(*Client)")
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if !strings.Contains(g, "adsclient.(*Client)") {
+				continue
+			}
+			n++
+			if head, _, _ := strings.Cut(g, "\n"); !strings.Contains(head, "[running]") && !strings.Contains(head, "[runnable]") {
+				parked++
+			}
+		}
+		return n, parked
+	}
+	// Close has waited for every goroutine to run its deferred WaitGroup Done, but the
+	// runtime lists a goroutine until it has returned from it: one may still be exiting,
+	// running, never parked.
+	goneAfterClose := func(what string) {
+		t.Helper()
+		if n, parked := ours(); parked != 0 {
+			t.Errorf("%s: %d client goroutines after Close, %d of them parked (not exiting)", what, n, parked)
+		}
+		testwait.For(t, time.Second, what+": the client's goroutines exit", func() (bool, string) {
+			n, _ := ours()
+			return n == 0, fmt.Sprintf("%d left", n)
+		})
 	}
 	for _, up := range []bool{true, false} {
 		c := newClient(t, Config{Server: srv.addr, NodeID: "n"}, newRecorder(), nil)
@@ -382,15 +407,13 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 			srv.g.Stop()
 			testwait.For(t, wait, "disconnected", func() (bool, string) { return !c.Connected(), "" })
 		}
-		if ours() == 0 {
+		if n, _ := ours(); n == 0 {
 			t.Fatal("no client goroutine found before Close: the check sees nothing")
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if n := ours(); n != 0 {
-			t.Errorf("up=%v: %d client goroutines after Close", up, n)
-		}
+		goneAfterClose(fmt.Sprintf("up=%v", up))
 		if err := c.Close(); err != nil { // twice is fine
 			t.Fatal(err)
 		}
@@ -409,10 +432,49 @@ func TestCloseWaitsForGoroutines(t *testing.T) {
 		t.Error("started twice")
 	}
 	cancel()
-	testwait.For(t, wait, "goroutines gone after cancel", func() (bool, string) { return ours() == 0, fmt.Sprint(ours()) })
+	testwait.For(t, wait, "goroutines gone after cancel", func() (bool, string) {
+		n, _ := ours()
+		return n == 0, fmt.Sprint(n)
+	})
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCloseWaitsForTheHandler: Close returns only once the handler running on the
+// client's goroutine has returned: it waits for its goroutines, not only cancels them.
+func TestCloseWaitsForTheHandler(t *testing.T) {
+	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), "n", snapshot(t, "1", 1, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, "", cache)
+	c, err := New(Config{Server: srv.addr, NodeID: "n"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	if err := c.Subscribe(cds, func(string, map[string]proto.Message) error {
+		once.Do(func() { close(entered) })
+		<-release
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Recv(t, entered, wait, "the handler called")
+	closed := make(chan struct{})
+	go func() { _ = c.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while the handler ran")
+	case <-time.After(100 * time.Millisecond): // Close without the wait returns in microseconds
+	}
+	close(release)
+	testwait.Recv(t, closed, wait, "Close once the handler returned")
 }
 
 // TestLargeResponse: one EDS response above gRPC's default 4 MiB limit (90,000 endpoints

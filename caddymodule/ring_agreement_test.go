@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
@@ -24,6 +23,7 @@ import (
 	"github.com/stickylb/stickylb/internal/testkit/healthtest"
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds"
@@ -123,6 +123,139 @@ func loadCaddy(t *testing.T, port int, bs []*dualBackend) {
 	}`, strings.Join(ups, " "), agreeVNodes, agreeHealthIntv, agreeHealthTO))
 }
 
+// agreeRig is an agreement test's two tiers over backends bs: a grpc-go client subscribed
+// to the xDS server and the in-process Caddy on port, each sending a key's requests to a
+// backend, and the virtual-node ring both must follow.
+type agreeRig struct {
+	t      *testing.T
+	ctx    context.Context
+	bs     []*dualBackend
+	cc     *grpc.ClientConn
+	port   int
+	client *http.Client
+	prefix string // of the keys: prefix-00000 ...
+}
+
+// newAgreeRig dials the xDS server at xdsAddr as a grpc-go node and readies the HTTP client
+// of the Caddy on port (the test loads it).
+func newAgreeRig(t *testing.T, ctx context.Context, bs []*dualBackend, xdsAddr, nodeID string, port int, prefix string) *agreeRig {
+	return &agreeRig{t: t, ctx: ctx, bs: bs, cc: grpctest.DialXDS(t, xdsAddr, nodeID, "", "api"), port: port,
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}, prefix: prefix}
+}
+
+func (r *agreeRig) key(i int) string { return fmt.Sprintf("%s-%05d", r.prefix, i) }
+
+// viaGRPC is the backend the gRPC tier sends key to.
+func (r *agreeRig) viaGRPC(key string) (string, error) {
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	b, err := grpctest.Call(ctx, r.cc, key)
+	if err != nil {
+		return "", fmt.Errorf("gRPC call for %s: %w", key, err)
+	}
+	return b, nil
+}
+
+// viaCaddy is the backend Caddy sends key to.
+func (r *agreeRig) viaCaddy(key string) (string, error) {
+	req, _ := http.NewRequestWithContext(r.ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/", r.port), nil)
+	req.Header.Set("X-Session", key)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("Caddy request for %s: %w", key, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("Caddy request for %s: %d %q %v", key, resp.StatusCode, body, err)
+	}
+	return string(body), nil
+}
+
+// predicted is the virtual-node ring over the live backends (indexes into bs) with
+// weights ws (nil: 1 each) in units of 1, the file's smallest weight whatever is live: the
+// backend of every key, and the ring's size.
+func (r *agreeRig) predicted(live []int, ws []uint32) ([]string, int) {
+	hosts := make([]chash.Host, len(live))
+	for i, k := range live {
+		hosts[i] = chash.Host{ID: r.bs[k].addr, Weight: 1}
+		if ws != nil {
+			hosts[i].Weight = ws[k]
+		}
+	}
+	ring, err := chash.NewVirtualNodesRing(hosts, agreeVNodes, 1)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := make([]string, agreeKeys)
+	for i := range out {
+		out[i] = r.bs[live[ring.Pick(chash.KeyHash(r.key(i)))]].name
+	}
+	return out, ring.Size()
+}
+
+// phase waits (within) until a sample of keys goes where the ring over live says on both
+// tiers, then sends every key through both (4 workers each), checks that they agree with
+// each other and with the ring, and returns where the keys went.
+func (r *agreeRig) phase(what string, live []int, ws []uint32, within time.Duration) []string {
+	t := r.t
+	want, points := r.predicted(live, ws)
+	testwait.Until(t, within, 50*time.Millisecond, what+": the tiers take the change in", func() (bool, string) {
+		for i := 0; i < agreeKeys; i += 37 {
+			c, err1 := r.viaCaddy(r.key(i))
+			g, err2 := r.viaGRPC(r.key(i))
+			if err1 != nil || err2 != nil || c != want[i] || g != want[i] {
+				return false, fmt.Sprintf("%s: Caddy %s %v, gRPC %s %v, ring %s", r.key(i), c, err1, g, err2, want[i])
+			}
+		}
+		return true, ""
+	})
+	got := make([]string, agreeKeys)
+	err := fanout.Each(agreeKeys, 4, func(i int) error {
+		c, err := r.viaCaddy(r.key(i))
+		if err != nil {
+			return err
+		}
+		g, err := r.viaGRPC(r.key(i))
+		if err != nil {
+			return err
+		}
+		if c != g {
+			return fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, r.key(i), c, g)
+		}
+		if c != want[i] {
+			return fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, r.key(i), c, want[i])
+		}
+		got[i] = c
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, b := range got {
+		counts[b]++
+	}
+	t.Logf("%s: %d keys on the same backend through Caddy and gRPC (ring of %d points); per backend %v", what, agreeKeys, points, counts)
+	return got
+}
+
+// onlyLeaverMoved fails the test when a key moved between before and after other than off
+// backend leaver (the others kept their points), and returns the share of keys moved.
+func (r *agreeRig) onlyLeaverMoved(before, after []string, leaver string) float64 {
+	n := 0
+	for i := range before {
+		if before[i] == after[i] {
+			continue
+		}
+		n++
+		if before[i] != leaver {
+			r.t.Fatalf("%s moved from %s to %s when %s turned unhealthy: the remaining backends lost points", r.key(i), before[i], after[i], leaver)
+		}
+	}
+	return float64(n) / float64(len(before))
+}
+
 func TestRingAgreementCaddyGRPC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy, an xDS server, a grpc-go client and 4 backends: 60,000 requests")
@@ -131,124 +264,22 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	// The control plane, with a health view the test flips.
+	// The control plane, with a health view the test flips, and Caddy with its own checks.
 	var sw healthtest.Switch
 	srv := xds.NewServer(ctx, agreePools(t, bs[:3]), sw.View, zaptest.NewLogger(t))
-	cc := grpctest.DialXDS(t, grpctest.Serve(t, srv.Register), "grpc-agree", "", "api")
-	viaGRPC := func(key string) (string, error) {
-		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
-		defer ccancel()
-		b, err := grpctest.Call(cctx, cc, key)
-		if err != nil {
-			return "", fmt.Errorf("gRPC call for %s: %w", key, err)
-		}
-		return b, nil
-	}
-
-	// Caddy.
 	port := loopback.FreePort(t)
+	r := newAgreeRig(t, ctx, bs, grpctest.Serve(t, srv.Register), "grpc-agree", port, "session")
 	loadCaddy(t, port, bs[:3])
 	t.Cleanup(func() { _ = caddy.Stop() })
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}
-	viaCaddy := func(key string) (string, error) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
-		req.Header.Set("X-Session", key)
-		resp, err := client.Do(req)
-		if err != nil {
-			return "", fmt.Errorf("Caddy request for %s: %w", key, err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("Caddy request for %s: %d %q %v", key, resp.StatusCode, body, err)
-		}
-		return string(body), nil
-	}
 
-	key := func(i int) string { return fmt.Sprintf("session-%05d", i) }
-	// predicted is the virtual-node ring over live: used to know when both tiers have taken
-	// a change in, and checked for every key besides their agreement.
-	predicted := func(live []*dualBackend) []string {
-		hosts := make([]chash.Host, len(live))
-		for i, b := range live {
-			hosts[i] = chash.Host{ID: b.addr, Weight: 1}
-		}
-		r, err := chash.NewVirtualNodesRing(hosts, agreeVNodes, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make([]string, agreeKeys)
-		for i := range out {
-			out[i] = live[r.Pick(chash.KeyHash(key(i)))].name
-		}
-		return out
-	}
-	// settle waits until a sample of keys goes where want says on both tiers.
-	settle := func(what string, want []string, within time.Duration) {
-		testwait.Until(t, within, 50*time.Millisecond, what+": the tiers take the change in", func() (bool, string) {
-			for i := 0; i < agreeKeys; i += 37 {
-				c, err1 := viaCaddy(key(i))
-				r, err2 := viaGRPC(key(i))
-				if err1 != nil || err2 != nil || c != want[i] || r != want[i] {
-					return false, fmt.Sprintf("%s: Caddy %s %v, gRPC %s %v, ring %s", key(i), c, err1, r, err2, want[i])
-				}
-			}
-			return true, ""
-		})
-	}
-	// compare sends every key through both tiers (4 workers each) and checks they agree.
-	compare := func(what string, want []string) []string {
-		got := make([]string, agreeKeys)
-		err := fanout.Each(agreeKeys, 4, func(i int) error {
-			c, err := viaCaddy(key(i))
-			if err != nil {
-				return err
-			}
-			r, err := viaGRPC(key(i))
-			if err != nil {
-				return err
-			}
-			if c != r {
-				return fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, key(i), c, r)
-			}
-			if c != want[i] {
-				return fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, key(i), c, want[i])
-			}
-			got[i] = c
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		counts := map[string]int{}
-		for _, b := range got {
-			counts[b]++
-		}
-		t.Logf("%s: %d keys on the same backend through Caddy and gRPC; per backend %v", what, agreeKeys, counts)
-		return got
-	}
-	moved := func(a, b []string) float64 {
-		n := 0
-		for i := range a {
-			if a[i] != b[i] {
-				n++
-			}
-		}
-		return float64(n) / float64(len(a))
-	}
-
-	want3 := predicted(bs[:3])
-	settle("3 backends", want3, agreeSlack)
-	got3 := compare("3 backends", want3)
+	got3 := r.phase("3 backends", []int{0, 1, 2}, nil, agreeSlack)
 
 	// A fourth backend, in the pools file and in the Caddyfile.
 	if err := srv.Update(agreePools(t, bs)); err != nil {
 		t.Fatal(err)
 	}
 	loadCaddy(t, port, bs)
-	want4 := predicted(bs)
-	settle("4 backends", want4, agreeSlack)
-	got4 := compare("4 backends", want4)
+	got4 := r.phase("4 backends", []int{0, 1, 2, 3}, nil, agreeSlack)
 
 	// b2 turns unhealthy: its /health fails for Caddy's checks, the checker's view says so.
 	bs[1].down.Store(true)
@@ -256,15 +287,14 @@ func TestRingAgreementCaddyGRPC(t *testing.T) {
 	if err := srv.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	live := []*dualBackend{bs[0], bs[2], bs[3]}
-	wantDown := predicted(live)
-	settle("b2 unhealthy", wantDown, agreeHealthIntv+agreeHealthTO+agreeSlack)
-	gotDown := compare("b2 unhealthy", wantDown)
+	gotDown := r.phase("b2 unhealthy", []int{0, 2, 3}, nil, agreeHealthIntv+agreeHealthTO+agreeSlack)
 
-	t.Logf("moved: 3 -> 4 backends %.4f (ideal 0.25); b2 unhealthy %.4f (its share)", moved(got3, got4), moved(got4, gotDown))
-	for i := range got4 {
-		if got4[i] != gotDown[i] && got4[i] != bs[1].name {
-			t.Fatalf("%s moved from %s to %s when b2 turned unhealthy: the remaining backends lost points", key(i), got4[i], gotDown[i])
+	moved4 := 0
+	for i := range got3 {
+		if got3[i] != got4[i] {
+			moved4++
 		}
 	}
+	t.Logf("moved: 3 -> 4 backends %.4f (ideal 0.25); b2 unhealthy %.4f (its share)",
+		float64(moved4)/agreeKeys, r.onlyLeaverMoved(got4, gotDown, bs[1].name))
 }

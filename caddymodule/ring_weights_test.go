@@ -3,20 +3,13 @@ package caddymodule
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/stickylb/stickylb/internal/testkit/fanout"
 	"github.com/stickylb/stickylb/internal/testkit/grpctest"
 	"github.com/stickylb/stickylb/internal/testkit/healthtest"
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
@@ -31,29 +24,6 @@ import (
 // resources from the same server, and every key must go to the same backend through both,
 // as 3:1:2 grows to 3:1:2:2 and as the lightest backend turns unhealthy (the weight unit
 // stays the file's smallest weight, so the others keep their points).
-
-// pfShufflingEnv is grpc-go's switch for weighted pick-first shuffling, which turns endpoint
-// weights into rounded fractions before its ring sees them; false keeps them exact. grpc-go
-// reads it once at start, so a test that needs it re-runs itself in a child process.
-const pfShufflingEnv = "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING"
-
-// reranWithExactGRPCWeights runs the calling test again in a child process with
-// pfShufflingEnv=false and reports whether it did (the caller then returns); in the child it
-// returns false and the test runs.
-func reranWithExactGRPCWeights(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(pfShufflingEnv) == "false" {
-		return false
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), pfShufflingEnv+"=false")
-	out, err := cmd.CombinedOutput()
-	t.Logf("child (%s=false):\n%s", pfShufflingEnv, out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Fatalf("child failed: %v", err)
-	}
-	return true
-}
 
 // weightedAgreePools is the pools file of service api over bs with weights ws.
 func weightedAgreePools(t *testing.T, bs []*dualBackend, ws []uint32) *pools.File {
@@ -70,8 +40,8 @@ func TestRingAgreementCaddyGRPCWeighted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy, an xDS server, a grpc-go client and 4 backends: 60,000 requests")
 	}
-	if reranWithExactGRPCWeights(t) {
-		return
+	if !grpctest.ExactWeights(t) {
+		return // the child runs it with exact weights: shuffling rounds them
 	}
 	t.Setenv("XDG_DATA_HOME", t.TempDir()) // where stickylb_xds saves its view
 	bs := startDualBackends(t, 4)
@@ -82,9 +52,8 @@ func TestRingAgreementCaddyGRPCWeighted(t *testing.T) {
 	var sw healthtest.Switch
 	srv := xds.NewServer(ctx, weightedAgreePools(t, bs[:3], weights), sw.View, zaptest.NewLogger(t))
 	xdsAddr := grpctest.Serve(t, srv.Register)
-	cc := grpctest.DialXDS(t, xdsAddr, "grpc-agree-w", "", "api")
-
 	port := loopback.FreePort(t)
+	r := newAgreeRig(t, ctx, bs, xdsAddr, "grpc-agree-w", port, "wsession")
 	loadSite(t, port, fmt.Sprintf(`	reverse_proxy {
 		dynamic stickylb_xds {
 			server  %s
@@ -98,107 +67,19 @@ func TestRingAgreementCaddyGRPCWeighted(t *testing.T) {
 		}
 	}`, xdsAddr, agreeVNodes))
 	t.Cleanup(func() { _ = caddy.Stop() })
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}
 
-	viaGRPC := func(key string) (string, error) {
-		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
-		defer ccancel()
-		b, err := grpctest.Call(cctx, cc, key)
-		if err != nil {
-			return "", fmt.Errorf("gRPC call for %s: %w", key, err)
-		}
-		return b, nil
-	}
-	viaCaddy := func(key string) (string, error) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
-		req.Header.Set("X-Session", key)
-		resp, err := client.Do(req)
-		if err != nil {
-			return "", fmt.Errorf("Caddy request for %s: %w", key, err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("Caddy request for %s: %d %q %v", key, resp.StatusCode, body, err)
-		}
-		return string(body), nil
-	}
-	key := func(i int) string { return fmt.Sprintf("wsession-%05d", i) }
-	// predicted is the virtual-node ring over live (indexes into bs) with the file's smallest
-	// weight, 1, as the unit whatever is live.
-	predicted := func(live []int) ([]string, int) {
-		hosts := make([]chash.Host, len(live))
-		for i, k := range live {
-			hosts[i] = chash.Host{ID: bs[k].addr, Weight: weights[k]}
-		}
-		r, err := chash.NewVirtualNodesRing(hosts, agreeVNodes, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make([]string, agreeKeys)
-		for i := range out {
-			out[i] = bs[live[r.Pick(chash.KeyHash(key(i)))]].name
-		}
-		return out, r.Size()
-	}
-	phase := func(what string, live []int) []string {
-		want, points := predicted(live)
-		testwait.Until(t, agreeSlack, 50*time.Millisecond, what+": the tiers take the change in", func() (bool, string) {
-			for i := 0; i < agreeKeys; i += 37 {
-				c, err1 := viaCaddy(key(i))
-				r, err2 := viaGRPC(key(i))
-				if err1 != nil || err2 != nil || c != want[i] || r != want[i] {
-					return false, fmt.Sprintf("%s: Caddy %s %v, gRPC %s %v, ring %s", key(i), c, err1, r, err2, want[i])
-				}
-			}
-			return true, ""
-		})
-		got := make([]string, agreeKeys)
-		err := fanout.Each(agreeKeys, 4, func(i int) error {
-			c, err := viaCaddy(key(i))
-			if err != nil {
-				return err
-			}
-			r, err := viaGRPC(key(i))
-			if err != nil {
-				return err
-			}
-			if c != r {
-				return fmt.Errorf("%s: %s went to %s through Caddy, %s through gRPC", what, key(i), c, r)
-			}
-			if c != want[i] {
-				return fmt.Errorf("%s: %s went to %s through both tiers, the ring says %s", what, key(i), c, want[i])
-			}
-			got[i] = c
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		counts := map[string]int{}
-		for _, b := range got {
-			counts[b]++
-		}
-		t.Logf("%s: %d keys on the same backend through Caddy and gRPC (ring of %d points); per backend %v", what, agreeKeys, points, counts)
-		return got
-	}
-
-	phase("3:1:2", []int{0, 1, 2})
+	r.phase("3:1:2", []int{0, 1, 2}, weights, agreeSlack)
 	if err := srv.Update(weightedAgreePools(t, bs, weights)); err != nil {
 		t.Fatal(err)
 	}
-	before := phase("3:1:2:2", []int{0, 1, 2, 3})
+	before := r.phase("3:1:2:2", []int{0, 1, 2, 3}, weights, agreeSlack)
 	// The lightest backend turns unhealthy: the unit stays 1, the others keep their points.
 	sw.Down(bs[1].addr)
 	if err := srv.Refresh(); err != nil {
 		t.Fatal(err)
 	}
-	after := phase("3:-:2:2 (the weight-1 backend unhealthy)", []int{0, 2, 3})
-	for i := range before {
-		if before[i] != after[i] && before[i] != bs[1].name {
-			t.Fatalf("%s moved from %s to %s when b2 turned unhealthy: the remaining backends lost points", key(i), before[i], after[i])
-		}
-	}
+	after := r.phase("3:-:2:2 (the weight-1 backend unhealthy)", []int{0, 2, 3}, weights, agreeSlack)
+	t.Logf("moved when the weight-1 backend turned unhealthy: %.4f (its share)", r.onlyLeaverMoved(before, after, bs[1].name))
 }
 
 // weightedView is a control-plane view of service api: backends 10.0.15.1.. with weights ws,

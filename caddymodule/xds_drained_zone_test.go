@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -8,8 +9,10 @@ import (
 
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/internal/testkit/poolstest"
+	"github.com/stickylb/stickylb/internal/testkit/zonecases"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/zones"
 )
 
 // TestXDSSourceDrainedZoneLastResort: a drained zone is the last resort on Caddy nodes as on
@@ -43,7 +46,7 @@ func TestXDSSourceDrainedZoneLastResort(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, err := viewOf(dv)
+		v, err := routableView(dv)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,5 +74,47 @@ func TestXDSSourceDrainedZoneLastResort(t *testing.T) {
 	}
 	if got, want := strings.Join(dials(t, sourceWith(down, "")), " "), "10.0.9.2:80 10.0.9.3:80"; got != want {
 		t.Fatalf("z1 down: upstreams %q, want %q", got, want)
+	}
+}
+
+// TestXDSSourceFollowsTheZoneRule: for every case of the zone rule, a Caddy node of the
+// case's zone, on the view the control plane encodes, returns as upstreams that take new
+// sessions (those not in the drain set) exactly where zones.Eligible sends them (its
+// Local); the draining ones it returns beside them are usable.
+func TestXDSSourceFollowsTheZoneRule(t *testing.T) {
+	for _, c := range zonecases.Cases {
+		f := poolstest.Parse(t, c.PoolsFile(pools.BalanceRoundRobin))
+		cs, ls := fleetview.EncodeCaddy(f, func(_ string, b *pools.Backend) fleetview.Verdict {
+			return fleetview.Verdict{State: c.State(b.Address)}
+		})
+		dv, err := fleetview.DecodeCaddy(map[string]proto.Message{cs[0].Name: cs[0]}, map[string]proto.Message{ls[0].ClusterName: ls[0]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := routableView(dv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byDial := map[string]xdsBackend{}
+		for _, b := range v.Services["api"].Backends {
+			byDial[b.Dial] = b
+		}
+		var got []string
+		for _, d := range v.Services["api"].pick(c.NodeZone) {
+			switch b := byDial[d]; {
+			case !b.Drain:
+				got = append(got, c.ID(d))
+			case !b.usable():
+				t.Errorf("%s: a draining upstream returned though down: %s", c.Name, c.ID(d))
+			}
+		}
+		var want []string
+		e := zones.Eligible(c.NodeZone, c.Backends, c.Policy)
+		for _, i := range e.Local {
+			want = append(want, c.Backends[i].ID)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: new sessions to %v, the rule's %v", c.Name, got, want)
+		}
 	}
 }

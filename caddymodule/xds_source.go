@@ -26,6 +26,7 @@ import (
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
+	"github.com/stickylb/stickylb/policies/zones"
 )
 
 func init() {
@@ -241,44 +242,39 @@ type xdsBackend struct {
 // or one the control plane fails open to, is routed to, as Envoy does).
 func (b *xdsBackend) usable() bool { return b.Health != health.Unhealthy.String() }
 
-// pick returns the dial addresses a node of zone serves: the usable backends, draining
-// ones included (their pinned sessions stay; the drain table keeps new ones away). With
-// cross_zone false only the node's zone, unless it has no usable non-draining backend.
-// When no non-draining backend is usable anywhere, every non-draining one (fail open).
+// pick returns the dial addresses a node of zone serves: the backends the zone rule sends
+// its new sessions to (zones.Eligible's Local: its own zone first with cross_zone false,
+// failing open to the down ones when none is healthy), and the usable draining ones of the
+// same zones, whose pinned sessions stay (the drain table keeps new ones away). The drained
+// zones are already folded into each backend's Drain (drainZones).
 func (s *xdsService) pick(zone string) []string {
-	take := func(inZone bool) (out []string, live int) {
-		for i := range s.Backends {
-			b := &s.Backends[i]
-			if inZone && b.Zone != zone || !b.usable() {
-				continue
-			}
-			out = append(out, b.Dial)
-			if !b.Drain {
-				live++
-			}
-		}
-		return out, live
+	e := zones.Eligible(zone, s.zoneBackends(), zones.Policy{CrossZone: s.CrossZone})
+	local := make([]bool, len(s.Backends))
+	for _, i := range e.Local {
+		local[i] = true
 	}
-	if !s.CrossZone && zone != "" {
-		if out, live := take(true); live > 0 {
-			return out
-		}
-	}
-	out, live := take(false)
-	if live > 0 {
-		return out
-	}
-	out = out[:0]
+	var out []string
 	for i := range s.Backends {
-		if b := &s.Backends[i]; !b.Drain || b.usable() {
+		b := &s.Backends[i]
+		if local[i] || b.Drain && b.usable() && (!e.OwnZone || b.Zone == zone) {
 			out = append(out, b.Dial)
 		}
 	}
 	return out
 }
 
-// viewOf converts a decoded view, refusing what a Caddy node cannot route to.
-func viewOf(v *fleetview.View) (*xdsView, error) {
+// zoneBackends is the service's backends as the zone rule sees them.
+func (s *xdsService) zoneBackends() []zones.Backend {
+	bs := make([]zones.Backend, len(s.Backends))
+	for i, b := range s.Backends {
+		bs[i] = zones.Backend{ID: b.ID, Zone: b.Zone, Weight: float64(b.Weight), Healthy: b.usable(), Drain: b.Drain}
+	}
+	return bs
+}
+
+// routableView converts a decoded view into the one a Caddy node routes on, refusing what
+// it cannot route to.
+func routableView(v *fleetview.View) (*xdsView, error) {
 	out := &xdsView{Services: map[string]*xdsService{}}
 	for _, s := range v.File.Services {
 		svc := &xdsService{CrossZone: s.CrossZone}
@@ -298,22 +294,16 @@ func viewOf(v *fleetview.View) (*xdsView, error) {
 	return out, nil
 }
 
-// drainZones drains the backends of s's drained zones while another zone has a usable
-// backend that does not drain itself: a drained zone is the last resort, as on the other
-// tiers. The verdicts come with each view, so deciding here holds until the next one. The
-// decoded Drain of a backend in a drained zone is its own (backend_drain).
+// drainZones drains the backends of s's drained zones unless they are the last resort
+// (zones.Eligibility.LastResort: no other zone has a usable backend that does not drain
+// itself), as on the other tiers. The verdicts come with each view, so deciding here holds
+// until the next one. The decoded Drain of a backend in a drained zone is its own
+// (backend_drain).
 func drainZones(s *pools.Service, svc *xdsService) {
 	if len(s.DrainedZones) == 0 {
 		return
 	}
-	elsewhere := false
-	for i := range svc.Backends {
-		if b := &svc.Backends[i]; !s.ZoneDrained(b.Zone) && !b.Drain && b.usable() {
-			elsewhere = true
-			break
-		}
-	}
-	if !elsewhere {
+	if zones.Eligible("", svc.zoneBackends(), zones.Policy{CrossZone: s.CrossZone, DrainedZones: s.DrainedZones}).LastResort {
 		return
 	}
 	for i := range svc.Backends {
@@ -352,11 +342,12 @@ type savedView struct {
 }
 
 func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsSub, error) {
-	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
+	// The client names the server and the node on its lines itself: it gets log as is.
 	c, err := adsclient.New(cfg, log)
 	if err != nil {
 		return nil, err
 	}
+	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
 	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
 		server: cfg.Server, node: cfg.NodeID, key: key}
 	s.load(cfg)
@@ -401,7 +392,7 @@ func (s *xdsSub) load(cfg adsclient.Config) {
 // apply installs a complete view from the control plane; an error NACKs it and the last
 // view stays.
 func (s *xdsSub) apply(v *fleetview.View) error {
-	xv, err := viewOf(v)
+	xv, err := routableView(v)
 	if err != nil {
 		return err
 	}
@@ -487,7 +478,7 @@ func (t *sourceTable) set(key string, v *xdsView) {
 	drained := map[string]bool{}
 	for _, v := range t.views {
 		for _, s := range v.Services {
-			unit := s.minWeight()
+			unit := s.weightUnit()
 			for _, b := range s.Backends {
 				if b.Weight == 0 {
 					continue // a view decodes 0 as the default; a saved one may not
@@ -511,16 +502,15 @@ func (t *sourceTable) set(key string, v *xdsView) {
 	drains.setSource(drained)
 }
 
-// minWeight is the smallest weight among the service's backends (0 when none has one): the
-// pools file's, since the view lists every backend of the file whatever its health.
-func (s *xdsService) minWeight() uint32 {
-	var least uint32
-	for _, b := range s.Backends {
-		if b.Weight != 0 && (least == 0 || b.Weight < least) {
-			least = b.Weight
-		}
+// weightUnit is the weight unit of the service's hash virtual nodes: the pools file's
+// smallest weight (pools.Service.MinWeight; the view lists every backend of the file,
+// whatever its health), 0 when none has one.
+func (s *xdsService) weightUnit() uint32 {
+	ps := pools.Service{Backends: make([]*pools.Backend, len(s.Backends))}
+	for i, b := range s.Backends {
+		ps.Backends[i] = &pools.Backend{Weight: b.Weight}
 	}
-	return least
+	return ps.MinWeight()
 }
 
 // weight is the control plane's weight of the upstream with identity id.

@@ -1,13 +1,17 @@
-// Package fleetview is the XDP node's view of the fleet as `stickylb xds` serves it and
-// `stickylb xdp --xds` reads it: one Envoy Cluster per service with a vip and one
-// ClusterLoadAssignment per such service, the XDP-only fields carried in
-// metadata.filter_metadata["stickylb"]. Both sides import this package, so the encoding
-// has one definition. It imports the Envoy API types, protobuf and policies only, never an
-// adapter.
+// Package fleetview is the view of the fleet that `stickylb xds` serves to stickylb's own
+// nodes, and the one codec both ends use: XDP forwarders (`stickylb xdp --xds`; Encode and
+// Decode: every service with a vip) and Caddy nodes (the `stickylb_xds` upstream source;
+// EncodeCaddy and DecodeCaddy: every http and grpc service). Either view is one Envoy
+// Cluster per service and one ClusterLoadAssignment per such service, the fields Envoy has
+// no place for carried in metadata.filter_metadata["stickylb"]. The control plane and the
+// nodes import this package, so the encoding has one definition. With adsclient it is the
+// contract layer between the xds adapter and the node tiers (l4xdp's command, caddymodule):
+// it imports the Envoy API types, protobuf and policies only, never an adapter.
 //
 // Envoy types are used, not a type of the project's own, so that go-control-plane's
 // snapshot cache serves them (it refuses unknown type URLs) and Envoy's validation rules
-// check them; a separate snapshot group keeps them from Envoy and gRPC nodes.
+// check them; separate snapshot groups (one for XDP nodes, one for Caddy nodes) keep them
+// from Envoy and gRPC nodes.
 package fleetview
 
 import (

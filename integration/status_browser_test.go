@@ -112,6 +112,13 @@ func pageRows(ctx context.Context) string {
 // rowOf is a JS expression for the page's row of backend id.
 func rowOf(id string) string { return fmt.Sprintf(`document.querySelector('.row[data-id=%q]')`, id) }
 
+// cellOf is a JS expression for the text of backend id's cell in the column of key (the
+// column's data-key: "since", "state", ...).
+func cellOf(id, key string) string {
+	return fmt.Sprintf(`(function (r) { var i = Array.from(r.closest(".tbl").querySelector(".hdr").children).findIndex(function (c) { return c.dataset.key === %q; });
+		return r.children[i].innerText; })(%s)`, key, rowOf(id))
+}
+
 // fixedBackend is a demo backend on a fixed address (Caddyfile.example names them), which
 // the test can kill.
 type fixedBackend struct {
@@ -267,6 +274,10 @@ func TestStatusPageBrowser(t *testing.T) {
 		rowOf(pinnedID)+`.dataset.draining === "1" && `+rowOf(pinnedID)+`.innerText.includes("draining") && `+rowOf(pinnedID)+`.querySelector('button[data-act="undrain"]') !== null`)
 	if chg := run(t, ctx, 5*time.Second, chromedp.Evaluate[bool](rowOf(pinnedID)+`.classList.contains("changed")`)); !chg {
 		t.Fatalf("the drained row is not marked as changed")
+	}
+	// Its "since" says when it was drained (drained_since), not n/a.
+	if since := run(t, ctx, 5*time.Second, chromedp.Evaluate[string](cellOf(pinnedID, "since"))); !strings.HasPrefix(since, "drained ") || !strings.HasSuffix(since, " ago") {
+		t.Fatalf("the drained row's since shows %q, want \"drained ... ago\"", since)
 	}
 	// New sessions avoid it (and the dead one); the pinned session stays.
 	for i := 0; i < 12; i++ {
@@ -531,6 +542,74 @@ func TestStatusPageRender1000(t *testing.T) {
 	run(t, ctx, 5*time.Second, chromedp.Evaluate[chromedp.Void](`(f => { f.value = ""; f.dispatchEvent(new Event("input")) })(document.getElementById("filter"))`))
 	run(t, ctx, 5*time.Second, chromedp.Evaluate[chromedp.Void](`(s => { s.value = "draining"; s.dispatchEvent(new Event("change")) })(document.getElementById("show"))`))
 	pageWait(t, ctx, 5*time.Second, "20 draining rows", `document.querySelectorAll(".row[data-id]").length === 20 && document.querySelectorAll('.row[data-draining="0"]').length === 0`)
+}
+
+// TestStatusPageFileAndNodes: the page of a control plane with no node connected says so;
+// a refused edit of its pools file shows as an alert with its first errors and how many
+// more, and goes once an edit applies; a draining backend's "since" says since when it
+// drains (its title since when it has the health it shows, where that is known).
+func TestStatusPageFileAndNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	ctx := newBrowser(t)
+	now := time.Now().UTC()
+	snap := bigSnapshot(3, 1)
+	snap.Tier, snap.Actions = status.TierXDS, status.Actions{}
+	b := &snap.Services[0].Backends
+	(*b)[0].Draining, (*b)[0].DrainedSince, (*b)[0].Health.Since = true, status.Ptr(now.Add(-3*time.Minute)), nil
+	(*b)[1].Draining, (*b)[1].DrainedSince, (*b)[1].Health.Since = true, status.Ptr(now.Add(-3*time.Minute)), status.Ptr(now.Add(-10*time.Second))
+	edits := status.NewConfigLog("/etc/stickylb/pools.yaml", now.Add(-time.Hour))
+	var errs []string
+	for i := 1; i <= status.MaxRefusedErrors+2; i++ {
+		errs = append(errs, fmt.Sprintf("/etc/stickylb/pools.yaml:%d:5: <bad> %d", i, i))
+	}
+	edits.Refused(now.Add(-30*time.Second), errs)
+	var nodes atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status.json" {
+			status.ServePage(w)
+			return
+		}
+		s := *snap
+		s.Time, s.Config = time.Now().UTC(), edits.File()
+		if nodes.Load() {
+			s.Nodes = []status.Node{{ID: "envoy-a", Zone: "zone-a", Kind: "envoy"}}
+		}
+		_ = status.ServeJSON(w, &s)
+	}))
+	t.Cleanup(srv.Close)
+	run(t, ctx, 30*time.Second, chromedp.Navigate(srv.URL+"/"))
+	pageWait(t, ctx, 10*time.Second, "three backends", `document.querySelectorAll(".row[data-id]").length === 3`)
+	text := func(js string) string { return run(t, ctx, 5*time.Second, chromedp.Evaluate[string](js)) }
+	if got := text(`document.getElementById("nodes").innerText`); !strings.Contains(got, "no node connected") {
+		t.Fatalf("nodes area %q: want \"no node connected\"", got)
+	}
+	alert := text(`(document.querySelector('#nodes [role="alert"]') || {innerText: "no alert"}).innerText`)
+	for _, want := range []string{"The last edit of /etc/stickylb/pools.yaml was refused", "read 30 s ago", "loaded 60 min ago keeps serving",
+		"/etc/stickylb/pools.yaml:1:5: <bad> 1", "/etc/stickylb/pools.yaml:5:5: <bad> 5", "and 2 more errors"} {
+		if !strings.Contains(alert, want) {
+			t.Fatalf("alert %q lacks %q", alert, want)
+		}
+	}
+	if strings.Contains(alert, "<bad> 6") {
+		t.Fatalf("alert %q shows more than %d errors", alert, status.MaxRefusedErrors)
+	}
+	for i, want := range []string{"drained 3 min ago", "drained 3 min ago"} {
+		if got := text(cellOf((*b)[i].ID, "since")); got != want {
+			t.Fatalf("since of %s: %q, want %q", (*b)[i].ID, got, want)
+		}
+	}
+	sinceTitle := text(rowOf((*b)[1].ID) + `.querySelector('div[title*="draining since"]').title`)
+	if !strings.Contains(sinceTitle, "healthy since "+(*b)[1].Health.Since.Format(time.RFC3339Nano)) {
+		t.Fatalf("since's title %q lacks the health change", sinceTitle)
+	}
+	edits.Applied(time.Now())
+	nodes.Store(true)
+	pageWait(t, ctx, status.RefreshInterval+3*time.Second, "the alert gone, the file loaded, the node listed",
+		`!document.querySelector('#nodes [role="alert"]') && document.getElementById("nodes").innerText.includes("serving /etc/stickylb/pools.yaml, loaded ") && !document.getElementById("nodes").innerText.includes("60 min ago") &&
+		document.querySelector('.row[data-node="envoy-a"]') !== null && !document.getElementById("nodes").innerText.includes("no node connected")`)
+	t.Logf("after the edit applied: %q", text(`document.getElementById("nodes").innerText`))
 }
 
 // TestStatusPageFleetReadOnly renders what the control plane's page will show: nodes by zone,

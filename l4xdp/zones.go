@@ -2,6 +2,12 @@
 
 package l4xdp
 
+import (
+	"slices"
+
+	"github.com/stickylb/stickylb/policies/zones"
+)
+
 // member is one backend of a service as the table builder sees it.
 type member struct {
 	slot        uint32
@@ -16,54 +22,30 @@ type member struct {
 
 // candidates splits a service's members into the backends new flows go to on a node of
 // nodeZone (pick) and the backends the node's Maglev table spreads over for flows it did
-// not see start (global). The rule is the xDS tier's (policies/zones.Localities):
-//   - healthy backends outside drained zones; with crossZone off, only the node's zone's
-//     while it has any (a node in no zone of the service sees every zone);
-//   - else healthy backends of drained zones (a drained zone is the last resort);
-//   - else, fail open (panicking), the down backends outside drained zones, else those in
-//     them.
-//
-// Draining backends never take new flows. global ignores the node's zone, so that every
-// node agrees on where a flow that moved between nodes goes.
+// not see start (global), by the zone rule every tier applies (zones.Eligible): pick is
+// its Local, global its Fleet (the same on every node, so that every node agrees on where a
+// flow that moved between nodes goes), panicking its FailOpen.
 func candidates(ms []member, nodeZone string, crossZone bool) (pick, global []member, panicking bool) {
-	filter := func(keep func(m member) bool) []member {
-		var out []member
-		for _, m := range ms {
-			if !m.drain && keep(m) {
-				out = append(out, m)
-			}
-		}
-		return out
-	}
-	for _, tier := range []struct {
-		keep  func(m member) bool
-		panic bool
-	}{
-		{func(m member) bool { return !m.down && !m.zoneDrained }, false},
-		{func(m member) bool { return !m.down && m.zoneDrained }, false},
-		{func(m member) bool { return m.down && !m.zoneDrained }, true},
-		{func(m member) bool { return m.down && m.zoneDrained }, true},
-	} {
-		if global = filter(tier.keep); len(global) > 0 {
-			panicking = tier.panic
-			break
+	bs := make([]zones.Backend, len(ms))
+	p := zones.Policy{CrossZone: crossZone}
+	for i, m := range ms {
+		bs[i] = zones.Backend{ID: m.id, Zone: m.zone, Weight: float64(m.weight), Healthy: !m.down, Drain: m.drain}
+		if m.zoneDrained && !slices.Contains(p.DrainedZones, m.zone) {
+			p.DrainedZones = append(p.DrainedZones, m.zone)
 		}
 	}
-	pick = global
-	if !crossZone && nodeZone != "" {
-		var own []member
-		known := false
-		for _, m := range ms {
-			known = known || m.zone == nodeZone
-		}
-		for _, m := range global {
-			if m.zone == nodeZone {
-				own = append(own, m)
-			}
-		}
-		if known && len(own) > 0 {
-			pick = own
-		}
+	e := zones.Eligible(nodeZone, bs, p)
+	return membersAt(ms, e.Local), membersAt(ms, e.Fleet), e.FailOpen
+}
+
+// membersAt returns the members at the indexes.
+func membersAt(ms []member, at []int) []member {
+	if len(at) == 0 {
+		return nil
 	}
-	return pick, global, panicking
+	out := make([]member, len(at))
+	for i, k := range at {
+		out[i] = ms[k]
+	}
+	return out
 }

@@ -5,12 +5,14 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/testkit/zonecases"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/policies/zones"
 )
@@ -25,7 +27,7 @@ func newTestLoader(t *testing.T, zone string) *Loader {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fw.Close() })
-	return &Loader{cfg: Config{Zone: zone}, log: zap.NewNop(), fw: fw, slots: map[string]uint32{}, vipIDs: map[string]uint32{},
+	return &Loader{cfg: Config{Zone: zone}, log: zap.NewNop(), maps: fw, slots: map[string]uint32{}, vipIDs: map[string]uint32{},
 		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
 }
 
@@ -66,7 +68,7 @@ func sendFlows(t *testing.T, l *Loader, first, n int, into map[int]int) {
 	for i := first; i < first+n; i++ {
 		src := netip.AddrFrom4([4]byte{192, 0, 2, byte(i % 250)})
 		sport := uint16(10000 + i/250)
-		ret, out := run(t, l.fw.Program(), tcp4(t, src, vip4, sport, 80, "S", nil, nil))
+		ret, out := run(t, l.maps.Program(), tcp4(t, src, vip4, sport, 80, "S", nil, nil))
 		if ret != xdpTX {
 			t.Fatalf("flow %d: action %d", i, ret)
 		}
@@ -109,7 +111,7 @@ func TestZonesExampleThroughProgram(t *testing.T) {
 				}
 				zbs = append(zbs, zones.Backend{ID: fmt.Sprint(b), Zone: z, Weight: 1, Healthy: true})
 			}
-			model := zones.Shares([]zones.Node{{Zone: "a", Traffic: 0.5}, {Zone: "b", Traffic: 0.5}}, zbs,
+			model := zones.Shares([]zones.Traffic{{Zone: "a", Share: 0.5}, {Zone: "b", Share: 0.5}}, zbs,
 				zones.Policy{CrossZone: tc.extra == ""})
 			n := float64(2 * perNode)
 			for b := 1; b <= 10; b++ {
@@ -184,6 +186,29 @@ func TestCandidates(t *testing.T) {
 		pick, glob, p := candidates(tc.ms, tc.zone, tc.cross)
 		if slots(pick) != tc.pick || slots(glob) != tc.glob || p != tc.panicking {
 			t.Errorf("%s: pick %s global %s panic %v; want %s %s %v", tc.name, slots(pick), slots(glob), p, tc.pick, tc.glob, tc.panicking)
+		}
+	}
+}
+
+// TestCandidatesFollowTheRule: candidates gives, for every case of the zone rule, the
+// rule's Local (pick), Fleet (global) and FailOpen (panic).
+func TestCandidatesFollowTheRule(t *testing.T) {
+	for _, c := range zonecases.Cases {
+		var ms []member
+		for i, b := range c.Backends {
+			ms = append(ms, member{slot: uint32(i + 1), id: b.ID, zone: b.Zone, weight: 100, down: !b.Healthy, drain: b.Drain,
+				zoneDrained: slices.Contains(c.Policy.DrainedZones, b.Zone)})
+		}
+		ids := func(ms []member) []string {
+			var out []string
+			for _, m := range ms {
+				out = append(out, m.id)
+			}
+			return out
+		}
+		pick, global, panicking := candidates(ms, c.NodeZone, c.Policy.CrossZone)
+		if !slices.Equal(ids(pick), c.Local) || !slices.Equal(ids(global), c.Fleet) || panicking != c.FailOpen {
+			t.Errorf("%s: pick %v global %v panic %v; want %v %v %v", c.Name, ids(pick), ids(global), panicking, c.Local, c.Fleet, c.FailOpen)
 		}
 	}
 }

@@ -96,9 +96,9 @@ func (s *Server) configDump() []nodeDump {
 		if !st.admitted {
 			continue
 		}
-		c := served{d: nodeDump{Node: st.node.ID, Stream: st.id, Zone: st.node.Zone}, current: st.current}
-		if st.acked != nil {
-			c.d.Acked = st.acked.GetVersion(resource.ClusterType)
+		c := served{d: nodeDump{Node: st.node.ID, Stream: st.id, Zone: st.node.Zone}, current: st.acks.current}
+		if st.acks.acked != nil {
+			c.d.Acked = st.acks.acked.GetVersion(resource.ClusterType)
 		}
 		copies = append(copies, c)
 	}

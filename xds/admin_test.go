@@ -16,14 +16,14 @@ func TestConfigDumpOutsideTheLock(t *testing.T) {
 	s := NewServer(t.Context(), bigPools(t, 2, 3, 8080), nil, zaptest.NewLogger(t))
 	s.testNode(t, "dumped", "zone-a")
 	calls, held := 0, 0
-	s.hooks.dumping = func() {
+	s.onDumping(func() {
 		calls++
 		if !s.mu.TryLock() {
 			held++
 			return
 		}
 		s.mu.Unlock()
-	}
+	})
 	h := httptest.NewServer(s.AdminHandler())
 	defer h.Close()
 	resp, err := http.Get(h.URL + "/config")

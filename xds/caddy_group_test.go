@@ -80,11 +80,11 @@ func TestCaddyNodeNACK(t *testing.T) {
 		return s.ackedVersion("h1/caddy") != "", "no ack"
 	})
 	before, applied, _ := n.last()
-	s.mutateXDP = func(clusters, _ []types.Resource) {
+	s.mutateFleetViews(func(clusters, _ []types.Resource) {
 		for _, c := range clusters {
 			c.(*clusterv3.Cluster).Metadata.FilterMetadata[fleetview.MetadataKey].Fields["protocol"] = structpb.NewStringValue("udp")
 		}
-	}
+	})
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestCaddyNodeNACK(t *testing.T) {
 	if v, a, _ := n.last(); v != before || a != applied {
 		t.Fatalf("the node applied a view it should have refused (%d -> %d applied)", applied, a)
 	}
-	s.mutateXDP = nil
+	s.mutateFleetViews(nil)
 	f2 := poolstest.Parse(t, strings.Replace(poolstest.CaddyFleet, "      - {address: 10.0.8.1:50051}\n",
 		"      - {address: 10.0.8.1:50051}\n      - {address: 10.0.8.2:50051}\n", 1))
 	if err := s.Update(f2); err != nil {

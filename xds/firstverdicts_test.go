@@ -58,8 +58,8 @@ func TestFirstVerdictsHold(t *testing.T) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, st := range s.streams {
-			if st.current != nil {
-				t.Fatalf("%s: the stream was set version %s during the hold", when, st.current.GetVersion(resource.EndpointType))
+			if st.acks.current != nil {
+				t.Fatalf("%s: the stream was set version %s during the hold", when, st.acks.current.GetVersion(resource.EndpointType))
 			}
 		}
 	}
@@ -80,16 +80,7 @@ func TestFirstVerdictsHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cla endpointv3.ClusterLoadAssignment
-	if err := resp.GetResources()[0].UnmarshalTo(&cla); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]corev3.HealthStatus{}
-	for _, le := range cla.GetEndpoints() {
-		for _, e := range le.GetLbEndpoints() {
-			got[e.GetEndpoint().GetHostname()] = e.GetHealthStatus()
-		}
-	}
+	got := grpctest.EndpointStatuses(t, resp, func(e *endpointv3.LbEndpoint) string { return e.GetEndpoint().GetHostname() })
 	// api-3 was added by an edit and has no verdict: UNKNOWN, routable (HAProxy's rule).
 	want := map[string]corev3.HealthStatus{"api-1": corev3.HealthStatus_UNHEALTHY, "api-2": corev3.HealthStatus_HEALTHY,
 		"api-3": corev3.HealthStatus_UNKNOWN}

@@ -1,5 +1,6 @@
-// Snapshots of the XDP nodes: every service with a vip and the control plane's verdicts,
-// as fleetview encodes them, in a snapshot group of their own.
+// Snapshots of stickylb's own nodes, as fleetview encodes them: XDP nodes get every service
+// with a vip, Caddy nodes every http and grpc service, each with the control plane's
+// verdicts, in a snapshot group of their own.
 
 package xds
 
@@ -51,7 +52,8 @@ const (
 )
 
 // viewKey is the view a node is served: XDP nodes share one, Caddy nodes another; Envoy and
-// gRPC nodes get their zone's when the file names it, else the cross-zone view.
+// gRPC nodes get their zone's when the file names it, else the cross-zone view "" (the
+// localities a zone no backend is in gets: every zone at priority 0).
 func viewKey(named map[string]bool, n Node) string {
 	switch n.Group {
 	case GroupXDP:
@@ -59,7 +61,10 @@ func viewKey(named map[string]bool, n Node) string {
 	case GroupCaddy:
 		return caddyView
 	}
-	return viewOf(named, n.Zone)
+	if named[n.Zone] {
+		return n.Zone
+	}
+	return ""
 }
 
 // viewNode is the node a view is built for.
@@ -144,8 +149,8 @@ func (s *Server) buildFleet(f *pools.File, group, version string, view HealthVie
 		}
 		endpoints = append(endpoints, l)
 	}
-	if s.mutateXDP != nil {
-		s.mutateXDP(clusters, endpoints)
+	if s.hooks.mutateXDP != nil {
+		s.hooks.mutateXDP(clusters, endpoints)
 	}
 	return cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{
 		resource.ListenerType: {},

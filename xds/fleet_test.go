@@ -187,11 +187,11 @@ func TestXDPNodeNACK(t *testing.T) {
 		return s.ackedVersion("h1/xdp/eth0") != "", "no ack"
 	})
 	_, applied, _ := x.last()
-	s.mutateXDP = func(clusters, _ []types.Resource) {
+	s.mutateFleetViews(func(clusters, _ []types.Resource) {
 		for _, c := range clusters {
 			c.(*clusterv3.Cluster).Metadata.FilterMetadata[fleetview.MetadataKey].Fields["affinity_mode"] = structpb.NewStringValue("telepathy")
 		}
-	}
+	})
 	pushes := s.Stats.Pushes.Load()
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestXDPNodeNACK(t *testing.T) {
 			n, p, rejects, applied, nowApplied)
 	}
 	t.Logf("pushes for the bad version and its rollback: %d", settled-pushes)
-	s.mutateXDP = nil
+	s.mutateFleetViews(nil)
 	f2 := poolstest.Parse(t, poolstest.Fleet+"      - {address: 10.0.6.3:443}\n")
 	if err := s.Update(f2); err != nil {
 		t.Fatal(err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -118,24 +116,6 @@ func grpcPools(t *testing.T, bs []*grpcBackend, weights []int, extra string) *po
 	return f
 }
 
-// ranInExactWeightsChild re-runs t in a child process with
-// GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false (grpc reads it at start), fails t when the
-// child did not pass, and reports true; in the child it reports false, and t goes on.
-func ranInExactWeightsChild(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv("GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING") == "false" {
-		return false
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false")
-	out, err := cmd.CombinedOutput()
-	t.Logf("child (GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false):\n%s", out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Fatalf("child failed: %v", err)
-	}
-	return true
-}
-
 // TestGRPCRingHashFollowsPolicies: a real grpc-go xDS client subscribed to our server keeps
 // each x-session key on one backend, and on exactly the backend policies' ring predicts,
 // with unequal weights. grpc-go's default weighted pick-first shuffling turns endpoint
@@ -143,8 +123,8 @@ func ranInExactWeightsChild(t *testing.T) bool {
 // GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING=false (grpc reads it at start: the test re-runs
 // itself in a child process with it set).
 func TestGRPCRingHashFollowsPolicies(t *testing.T) {
-	if ranInExactWeightsChild(t) {
-		return
+	if !grpctest.ExactWeights(t) {
+		return // the child runs it with exact weights
 	}
 	bs := startGRPCBackends(t, 3)
 	weights := []int{3, 1, 2}

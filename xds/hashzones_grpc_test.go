@@ -3,8 +3,6 @@ package xds
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -17,28 +15,6 @@ import (
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
 )
-
-// shufflingEnv is grpc-go's switch between its two ways of turning locality and endpoint
-// weights into ring weights (read once, at start).
-const shufflingEnv = "GRPC_EXPERIMENTAL_PF_WEIGHTED_SHUFFLING"
-
-// inBothShufflingModes re-runs t in a child process with weighted shuffling off and fails t
-// when the child does not pass; either way the parent then goes on with grpc-go's default (on), the
-// child with off. It returns the mode the caller runs in, for messages.
-func inBothShufflingModes(t *testing.T) string {
-	t.Helper()
-	if os.Getenv(shufflingEnv) == "false" {
-		return shufflingEnv + "=false"
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), shufflingEnv+"=false")
-	out, err := cmd.CombinedOutput()
-	t.Logf("child (%s=false):\n%s", shufflingEnv, out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Errorf("child (%s=false) failed: %v", shufflingEnv, err)
-	}
-	return shufflingEnv + " default (on)"
-}
 
 // TestGRPCHashServiceAcrossZones: a ring_hash service spread over two zones of unequal
 // weight (cross_zone on, so both zones share priority 0), served by our server to a real
@@ -58,7 +34,10 @@ func TestGRPCHashServiceAcrossZones(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real grpc-go client and backends")
 	}
-	mode := inBothShufflingModes(t)
+	mode := grpctest.ShufflingEnv + " default (on)"
+	if grpctest.ExactWeights(t) {
+		mode = grpctest.ShufflingEnv + "=false"
+	}
 	const (
 		keys = 10_000
 		// slack for an xDS push to reach the client on a loaded machine.

@@ -324,9 +324,9 @@ func TestACKWhileBuilding(t *testing.T) {
 	s.testNode(t, "acker", "zone-a")
 	building, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	s.mutate = func(*Resources) {
+	s.mutateResources(func(*Resources) {
 		once.Do(func() { close(building); <-release })
-	}
+	})
 	reloaded := make(chan error, 1)
 	go func() { reloaded <- s.Update(bigPools(t, 2, 4, 8080)) }()
 	<-building

@@ -39,10 +39,10 @@ func TestRefreshNeverRestoresAReplacedFile(t *testing.T) {
 	s := NewServer(t.Context(), old, nil, zaptest.NewLogger(t))
 	key := s.testNode(t, "race-node", "zone-a")
 	queued := make(chan struct{}, 1)
-	s.hooks.updateQueued = func() { queued <- struct{}{} }
+	s.onUpdateQueued(func() { queued <- struct{}{} })
 	reloaded := make(chan error, 1)
-	s.hooks.refreshRead = func() {
-		s.hooks.refreshRead = nil
+	s.onRefreshRead(func() {
+		s.onRefreshRead(nil)
 		go func() { reloaded <- s.Update(next) }()
 		select {
 		case err := <-reloaded:
@@ -51,7 +51,7 @@ func TestRefreshNeverRestoresAReplacedFile(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Error("the reload neither finished nor queued")
 		}
-	}
+	})
 	if err := s.Refresh(); err != nil {
 		t.Fatal(err)
 	}
@@ -90,13 +90,13 @@ func TestRefreshesCoalesce(t *testing.T) {
 	s.testNode(t, "n", "zone-a")
 	building, release := make(chan struct{}), make(chan struct{})
 	first := true
-	s.mutate = func(*Resources) {
+	s.mutateResources(func(*Resources) {
 		if first {
 			first = false
 			close(building)
 			<-release
 		}
-	}
+	})
 	done := make(chan error, 1)
 	go func() { done <- s.Update(bigPools(t, 1, 4, 8080)) }()
 	<-building

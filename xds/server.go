@@ -61,17 +61,7 @@ type stream struct {
 	view     string       // the view the stream is served: its zone if the file names it, else ""
 	keyNode  *corev3.Node // what the cache sees as the stream's node (its Id is key)
 	admitted bool         // the first request was accepted
-	types    map[string]bool
-	current  *cachev3.Snapshot // last snapshot set for the stream
-	acked    *cachev3.Snapshot // last snapshot the stream acknowledged on every type it asked for
-	// pending are the snapshots set since acked, oldest first (at most maxPending): a node
-	// may ACK the last types of one version after the next was set, and that version must
-	// still become the one a NACK rolls back to.
-	pending []*cachev3.Snapshot
-	ackedBy map[string]string // type URL -> version last ACKed
-	// rejected is the version the stream NACKed: the server does not set it again for this
-	// stream (the cache alone would re-send it forever: a NACK carries the old version).
-	rejected string
+	acks     acks         // what the stream was set, ACKed and rejected (acks.go)
 }
 
 // nodeEntry counts a node id's live streams and holds the identity they share.
@@ -80,7 +70,8 @@ type nodeEntry struct {
 	streams  int
 }
 
-// testHooks are called, when set, at points tests interleave on.
+// testHooks are what tests run inside the server: at points they interleave on, and edits
+// of what it serves. All are nil in production; tests set them through export_test.go.
 type testHooks struct {
 	// refreshRead runs once Refresh knows which file it will publish.
 	refreshRead func()
@@ -88,6 +79,10 @@ type testHooks struct {
 	updateQueued func()
 	// dumping runs while /config serialises resources.
 	dumping func()
+	// mutate edits every translation before validation (resources a client rejects).
+	mutate func(*Resources)
+	// mutateXDP edits every XDP and Caddy view after validation (views a node rejects).
+	mutateXDP func(clusters, endpoints []types.Resource)
 }
 
 // Option is a server setting.
@@ -143,13 +138,9 @@ type Server struct {
 	// requireIdentity: node ids must match the client certificate (WithNodeIdentity).
 	requireIdentity bool
 	Stats           Stats
+	// edits records the pools file's edits for the status page (set by Watch).
+	edits editLog
 
-	// mutate, when set, edits every translation before validation (tests use it to serve
-	// resources a client rejects).
-	mutate func(*Resources)
-	// mutateXDP, when set, edits every XDP view after validation (tests serve views a
-	// node rejects).
-	mutateXDP func(clusters, endpoints []types.Resource)
 	// verdicts: when each backend's verdict last changed, published to XDP nodes.
 	verdicts verdictTimes
 	hooks    testHooks
@@ -289,21 +280,12 @@ func namedZones(f *pools.File) map[string]bool {
 	return out
 }
 
-// viewOf is the view a node of zone gets: its own when the file names it, else the
-// cross-zone view (what zones.Localities gives a zone it does not know).
-func viewOf(named map[string]bool, zone string) string {
-	if named[zone] {
-		return zone
-	}
-	return ""
-}
-
 func (s *Server) open(ctx context.Context, id int64) error {
 	ident := identityOf(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.streams[id] = &stream{id: id, key: "stream/" + strconv.FormatInt(id, 10), identity: ident, opened: time.Now(),
-		types: map[string]bool{}, ackedBy: map[string]string{}}
+		acks: newAcks()}
 	s.peakStreams = max(s.peakStreams, len(s.streams))
 	return nil
 }
@@ -380,16 +362,16 @@ func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string
 		return nil, status.Errorf(codes.InvalidArgument, "stream opened as node %q cannot speak for node %q", st.node.ID, n.GetId())
 	}
 	defer s.mu.Unlock()
-	st.types[typeURL] = true
+	st.acks.asked(typeURL)
 	switch {
 	case nacked:
 		s.nackLocked(st, typeURL, nonce, detail)
 	case version == deltaAckVersion:
-		if nonce != "" && st.current != nil {
-			s.ackLocked(st, typeURL, st.current.GetVersion(typeURL))
+		if nonce != "" {
+			st.acks.ackSent(typeURL)
 		}
 	case version != "":
-		s.ackLocked(st, typeURL, version)
+		st.acks.ack(typeURL, version)
 	}
 	return st.keyNode, nil
 }
@@ -466,15 +448,8 @@ func (s *Server) release(ctx context.Context) {
 // serveLocked sets snap for the stream, unless the stream rejected that version or the
 // server holds its first view (WithFirstVerdicts).
 func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
-	if s.holding.Load() {
+	if s.holding.Load() || !st.acks.set(snap) {
 		return
-	}
-	if st.rejected == snap.GetVersion(resource.ClusterType) {
-		return
-	}
-	st.current = snap
-	if st.pending = append(st.pending, snap); len(st.pending) > maxPending {
-		st.pending = slices.Delete(st.pending, 0, len(st.pending)-maxPending)
 	}
 	if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, snap); err != nil {
 		s.log.Error("setting a snapshot", zap.String("node", st.node.ID), zap.Error(err))
@@ -514,7 +489,7 @@ func (s *Server) fillViews() {
 		s.views[z] = snap
 	}
 	for _, st := range s.streams {
-		if snap := built[st.view]; snap != nil && st.admitted && st.current != snap {
+		if snap := built[st.view]; snap != nil && st.admitted && st.acks.current != snap {
 			s.serveLocked(st, snap)
 		}
 	}
@@ -531,8 +506,8 @@ func (s *Server) build(f *pools.File, n Node, version string, view HealthView) (
 	if err != nil {
 		return nil, err
 	}
-	if s.mutate != nil {
-		s.mutate(r)
+	if s.hooks.mutate != nil {
+		s.hooks.mutate(r)
 	}
 	if err := r.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("validating resources: %w", err)
@@ -558,55 +533,19 @@ func (s *Server) build(f *pools.File, n Node, version string, view HealthView) (
 	return snap, nil
 }
 
-// maxPending bounds the snapshots a stream remembers while it has not ACKed them: a node
-// ACKs within a few pushes, and one that lags further only loses its rollback target until
-// it ACKs a whole version again.
-const maxPending = 4
-
-// ackLocked records an ACK; the newest snapshot set for the stream that the node has now
-// ACKed on every type it asked for becomes the one a NACK rolls back to.
-func (s *Server) ackLocked(st *stream, typeURL, version string) {
-	st.ackedBy[typeURL] = version
-	for i := len(st.pending) - 1; i >= 0; i-- {
-		snap := st.pending[i]
-		if version != snap.GetVersion(typeURL) || !st.ackedAll(snap) {
-			continue
-		}
-		st.acked = snap
-		st.pending = slices.Delete(st.pending, 0, i+1)
-		return
-	}
-}
-
-// ackedAll reports whether the stream's last ACK of every type it asked for is snap's; the
-// server's mu is held.
-func (st *stream) ackedAll(snap *cachev3.Snapshot) bool {
-	for t := range st.types {
-		if st.ackedBy[t] != snap.GetVersion(t) {
-			return false
-		}
-	}
-	return true
-}
-
 // nackLocked logs and counts a rejection and returns the stream, and only it, to the last
 // snapshot it acknowledged.
 func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
-	if st.current == nil {
-		return
+	rejected, fresh, rollback := st.acks.nack(typeURL)
+	if !fresh {
+		return // nothing set yet, or this push was already counted and rolled back
 	}
-	rejected := st.current.GetVersion(typeURL)
-	if st.rejected == rejected {
-		return // this push was already counted and rolled back
-	}
-	st.rejected = rejected
 	s.Stats.NACKs.Add(1)
 	s.log.Warn("node rejected a snapshot", zap.String("node", st.node.ID), zap.Int64("stream", st.id), zap.String("type", typeURL),
 		zap.String("version", rejected), zap.String("nonce", nonce), zap.String("error", detail))
-	if st.acked != nil {
-		st.current, st.pending = st.acked, nil
+	if rollback != nil {
 		s.Stats.Rollbacks.Add(1)
-		if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, st.acked); err != nil {
+		if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, rollback); err != nil {
 			s.log.Error("rolling back", zap.String("node", st.node.ID), zap.Error(err))
 		}
 	}

@@ -34,7 +34,7 @@ func ackedOf(s *Server, id string) map[string]string {
 	for _, st := range s.streams {
 		if st.admitted && st.node.ID == id {
 			out := map[string]string{}
-			for t, v := range st.ackedBy {
+			for t, v := range st.acks.ackedBy {
 				out[shortType(t)] = v
 			}
 			return out
@@ -119,14 +119,14 @@ func TestNACKRollsBack(t *testing.T) {
 	testwait.For(t, 5*time.Second, "first snapshot acknowledged", func() (bool, string) {
 		return s.ackedVersion("nack-node") != "", "no ack"
 	})
-	s.mutate = func(r *Resources) {
+	s.mutateResources(func(r *Resources) {
 		for _, m := range r.Clusters {
 			c := m.(*clusterv3.Cluster)
 			c.LoadBalancingPolicy = &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
 				TypedExtensionConfig: typed("envoy.load_balancing_policies.maglev", &maglevv3.Maglev{TableSize: wrapperspb.UInt64(65537)}),
 			}}}
 		}
-	}
+	})
 	pushesBefore := s.Stats.Pushes.Load()
 	if err := s.Update(grpcPools(t, bs, []int{1, 1, 1}, "")); err != nil {
 		t.Fatal(err)
@@ -257,12 +257,12 @@ func TestSnapshotSharedByZone(t *testing.T) {
 		s.mu.Lock()
 		ns := s.nodeStreamsLocked(fmt.Sprintf("n%d", i))[0]
 		s.mu.Unlock()
-		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.current.GetVersion(resource.ClusterType), nil)
+		alone, err := s.build(s.currentFile(), Node{ID: ns.node.ID, Zone: ns.node.Zone}, ns.acks.current.GetVersion(resource.ClusterType), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, typ := range typeURLs {
-			got, want := ns.current.GetResources(typ), alone.GetResources(typ)
+			got, want := ns.acks.current.GetResources(typ), alone.GetResources(typ)
 			if len(got) != len(want) {
 				t.Fatalf("node %d, %s: %d resources, want %d", i, typ, len(got), len(want))
 			}

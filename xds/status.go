@@ -4,6 +4,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -30,6 +31,9 @@ type ProbeLookup func(service, id string) (health.TargetStatus, bool)
 // shows n/a there.
 func WithProbes(p ProbeLookup) Option { return func(s *Server) { s.verdicts.probes = p } }
 
+// editLog holds the record of the pools file's edits that Watch keeps (nil without Watch).
+type editLog = atomic.Pointer[status.ConfigLog]
+
 // nodeStatus is what Status copies from a stream under the lock.
 type nodeStatus struct {
 	node      Node
@@ -53,8 +57,8 @@ func (s *Server) Status() *status.Snapshot {
 		if !st.admitted {
 			continue
 		}
-		n := nodeStatus{node: st.node, userAgent: st.keyNode.GetUserAgentName(), opened: st.opened, acked: make(map[string]string, len(st.ackedBy))}
-		for t, v := range st.ackedBy {
+		n := nodeStatus{node: st.node, userAgent: st.keyNode.GetUserAgentName(), opened: st.opened, acked: make(map[string]string, len(st.acks.ackedBy))}
+		for t, v := range st.acks.ackedBy {
 			n.acked[t] = v
 		}
 		nodes = append(nodes, n)
@@ -79,6 +83,7 @@ func (s *Server) Status() *status.Snapshot {
 	if view == nil {
 		snap.Notes = append(snap.Notes, "no health checking: every backend is published as UNKNOWN")
 	}
+	snap.Config = s.edits.Load().File()
 	return snap
 }
 

@@ -47,8 +47,8 @@ func (s *Server) cacheKeys(id string) []string {
 func (s *Server) ackedVersion(id string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sts := s.nodeStreamsLocked(id); len(sts) > 0 && sts[0].acked != nil {
-		return sts[0].acked.GetVersion(resource.ClusterType)
+	if sts := s.nodeStreamsLocked(id); len(sts) > 0 && sts[0].acks.acked != nil {
+		return sts[0].acks.acked.GetVersion(resource.ClusterType)
 	}
 	return ""
 }

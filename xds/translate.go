@@ -236,30 +236,39 @@ func socketAddress(addr string) (*corev3.Address, error) {
 	}}}, nil
 }
 
-// InPanic reports whether every non-draining backend of s is known down (and there is at
-// least one): the control plane then fails open, publishing them as UNKNOWN so that every
-// tier keeps routing to them rather than to nothing. Draining backends (drain: true, drained
-// zones) stay out of new sessions either way. A backend not yet probed, or that the prober
-// cannot probe, is Unknown and routable, so it keeps a service out of panic.
+// InPanic reports whether no backend of s that may take new sessions is healthy (and there
+// is at least one): the control plane then fails open (zones.Eligible's FailOpen),
+// publishing the down ones as UNKNOWN so that every tier keeps routing to them rather than
+// to nothing. Draining backends stay out of new sessions either way; a drained zone's
+// healthy backend keeps a service out of panic (it is the last resort). A backend not yet
+// probed, or that the prober cannot probe, is Unknown and routable, so it keeps a service
+// out of panic too.
 func InPanic(s *pools.Service, view HealthView) bool {
 	if view == nil {
 		return false
 	}
-	drained := map[string]bool{}
-	for _, z := range s.DrainedZones {
-		drained[z] = true
-	}
-	some := false
+	bs, _ := zoneBackends(s, view)
+	return zones.Eligible("", bs, zonePolicy(s)).FailOpen
+}
+
+// zoneBackends is s's backends as the zone rule sees them, with the view's verdict of each
+// by identity (Unknown without a view).
+func zoneBackends(s *pools.Service, view HealthView) ([]zones.Backend, map[string]health.State) {
+	bs := make([]zones.Backend, 0, len(s.Backends))
+	states := make(map[string]health.State, len(s.Backends))
 	for _, b := range s.Backends {
-		if b.Drain || drained[b.Zone] {
-			continue
+		st := health.Unknown
+		if view != nil {
+			st = view(s.Name, b)
 		}
-		if view(s.Name, b) != health.Unhealthy {
-			return false
-		}
-		some = true
+		states[b.Identity()] = st
+		bs = append(bs, zones.Backend{ID: b.Identity(), Zone: b.Zone, Weight: float64(b.Weight), Healthy: st != health.Unhealthy, Drain: b.Drain})
 	}
-	return some
+	return bs, states
+}
+
+func zonePolicy(s *pools.Service) zones.Policy {
+	return zones.Policy{CrossZone: s.CrossZone, DrainedZones: s.DrainedZones}
 }
 
 // loadAssignment is the service's endpoints as node sees them: one locality per zone and
@@ -268,19 +277,23 @@ func loadAssignment(s *pools.Service, node Node, view HealthView) *endpointv3.Cl
 	return assignment(s, node, view, hashes(s))
 }
 
+// assignment publishes the zone rule (zones.Localities: a client that takes the lowest
+// priority with a healthy endpoint sends new sessions where zones.Eligible says) with each
+// endpoint's health: UNHEALTHY when down, UNKNOWN for every backend the service fails open
+// to, DRAINING for those that take no new sessions.
 func assignment(s *pools.Service, node Node, view HealthView, merge bool) *endpointv3.ClusterLoadAssignment {
-	panicking := InPanic(s, view)
-	byID := map[string]*pools.Backend{}
-	bs := make([]zones.Backend, 0, len(s.Backends))
+	bs, states := zoneBackends(s, view)
+	p := zonePolicy(s)
+	panicking := zones.Eligible("", bs, p).FailOpen
+	byID := make(map[string]*pools.Backend, len(s.Backends))
 	for _, b := range s.Backends {
 		byID[b.Identity()] = b
-		bs = append(bs, zones.Backend{ID: b.Identity(), Zone: b.Zone, Weight: float64(b.Weight), Healthy: true, Drain: b.Drain})
 	}
 	cla := &endpointv3.ClusterLoadAssignment{
 		ClusterName: s.Name,
 		Policy:      &endpointv3.ClusterLoadAssignment_Policy{OverprovisioningFactor: wrapperspb.UInt32(OverprovisioningFactor)},
 	}
-	ls := zones.Localities(node.Zone, bs, zones.Policy{CrossZone: s.CrossZone, DrainedZones: s.DrainedZones})
+	ls := zones.Localities(node.Zone, bs, p)
 	if merge {
 		ls = onePerPriority(ls)
 	}
@@ -294,14 +307,12 @@ func assignment(s *pools.Service, node Node, view HealthView, merge bool) *endpo
 			b := byID[e.ID]
 			addr, _ := socketAddress(b.Address) // validated by the pools parser
 			status := corev3.HealthStatus_UNKNOWN
-			if view != nil {
-				switch view(s.Name, b) {
-				case health.Healthy:
-					status = corev3.HealthStatus_HEALTHY
-				case health.Unhealthy:
-					if !panicking || e.Draining {
-						status = corev3.HealthStatus_UNHEALTHY
-					}
+			switch states[e.ID] {
+			case health.Healthy:
+				status = corev3.HealthStatus_HEALTHY
+			case health.Unhealthy:
+				if !panicking || e.Draining {
+					status = corev3.HealthStatus_UNHEALTHY
 				}
 			}
 			if e.Draining && status != corev3.HealthStatus_UNHEALTHY {

@@ -1,5 +1,6 @@
 // Command caddy is Caddy with its standard modules and stickylb's, what
-// `xcaddy build --with github.com/stickylb/stickylb` produces:
+// `xcaddy build --with github.com/stickylb/stickylb@v0.0.0=$PWD` produces from a checkout
+// (xcaddy.md):
 //
 //	go run ./cmd/caddy run --config Caddyfile.example
 package main

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,8 +32,15 @@ func TestXDPMountsBPFFS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", kit.Name("lb"), bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic")
-	var logs strings.Builder
-	cmd.Stderr = &logs
+	// The loader writes its log straight into a file: a strings.Builder would be written by
+	// exec's copying goroutine while the test reads it.
+	logf, err := os.Create(filepath.Join(t.TempDir(), "xdp.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd.Stderr = logf
+	logs := func() string { b, _ := os.ReadFile(logf.Name()); return string(b) }
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +62,7 @@ func TestXDPMountsBPFFS(t *testing.T) {
 	}
 	if !ready {
 		cmd.Wait()
-		t.Fatalf("stickylb xdp did not start: %s", logs.String())
+		t.Fatalf("stickylb xdp did not start: %s", logs())
 	}
 	// ip netns exec execs the loader: its PID is the loader's, and its mountinfo shows the
 	// mount namespace the loader runs in.
@@ -75,8 +83,8 @@ func TestXDPMountsBPFFS(t *testing.T) {
 		t.Errorf("no bpffs at /sys/fs/bpf in the loader's mount namespace:\n%s", mi)
 	}
 	for _, want := range []string{"no bpffs held the pin root: mounted one", "a mount namespace other than the host's"} {
-		if !strings.Contains(logs.String(), want) {
-			t.Errorf("the log does not say %q:\n%s", want, logs.String())
+		if !strings.Contains(logs(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, logs())
 		}
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"go.uber.org/zap"
+
 	"github.com/stickylb/stickylb/policies/plan"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -61,6 +63,42 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
+// Synopses of the subcommands, printed with their flags by -h and on a wrong command line.
+const (
+	validateUsage = "usage: stickylb validate [-q] FILE\n"
+	planUsage     = "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n"
+	xdsUsage      = "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n"
+)
+
+// newFlagSet is a subcommand's flag set whose -h (or a flag it does not know) prints the
+// synopsis, which names the arguments the flags do not, before the flags.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, synopsis+"flags:\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseError is the exit status of a failed flag parse: 0 when help was asked for.
+func parseError(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
+}
+
+// newLogger is the long-running commands' logger: zap's production JSON, without stack
+// traces. Their Error lines report what is wrong with the input or the system (a refused
+// pools-file edit, a probe that cannot run), where a Go stack only hides the message.
+func newLogger(opts ...zap.Option) (*zap.Logger, error) {
+	cfg := zap.NewProductionConfig()
+	cfg.DisableStacktrace = true
+	return cfg.Build(opts...)
+}
+
 // load reads a pools file, printing its errors (every one, file:line first) and warnings.
 func load(path string, stderr io.Writer) (*pools.File, bool) {
 	f, err := pools.Load(path)
@@ -82,14 +120,13 @@ func load(path string, stderr io.Writer) (*pools.File, bool) {
 }
 
 func validate(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("validate", validateUsage, stderr)
 	quiet := fs.Bool("q", false, "print nothing when the file is valid")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprint(stderr, "usage: stickylb validate [-q] FILE\n")
+		fmt.Fprint(stderr, validateUsage)
 		return 2
 	}
 	f, ok := load(fs.Arg(0), stderr)
@@ -129,17 +166,16 @@ func printNAT(w io.Writer, f *pools.File) {
 }
 
 func planCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("plan", planUsage, stderr)
 	oldPath := fs.String("pools", "", "the pools file in service now")
 	nextPath := fs.String("next", "", "the pools file to roll out")
 	asJSON := fs.Bool("json", false, "print JSON")
 	keys := fs.Int("keys", plan.DefaultKeys, fmt.Sprintf("keys to measure (at least %d)", plan.MinKeys))
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return parseError(err)
 	}
 	if *oldPath == "" || *nextPath == "" || fs.NArg() != 0 {
-		fmt.Fprint(stderr, "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n")
+		fmt.Fprint(stderr, planUsage)
 		return 2
 	}
 	oldF, ok1 := load(*oldPath, stderr)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -146,6 +148,57 @@ func TestPlanJSON(t *testing.T) {
 	}
 }
 
+// TestPlanExampleNext: README's plan command runs on the files the repository ships, and
+// pools.next.yaml stays pools.example.yaml with one backend more: their lines, comments
+// aside, differ by that backend alone, and plan sees one service changed, moving Maglev's
+// share of a fourth backend.
+func TestPlanExampleNext(t *testing.T) {
+	lines := func(path string) []string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if l, _, _ = strings.Cut(l, "#"); strings.TrimSpace(l) != "" {
+				out = append(out, strings.TrimRight(l, " "))
+			}
+		}
+		return out
+	}
+	example, next := lines("../../pools.example.yaml"), lines("../../pools.next.yaml")
+	const added = "      - {address: 10.0.6.4:8443, server_id: 4}"
+	i := slices.Index(next, added)
+	if i < 0 || !slices.Equal(slices.Delete(slices.Clone(next), i, i+1), example) {
+		t.Fatalf("pools.next.yaml is not pools.example.yaml plus %q: change both together", added)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"plan", "--pools", "../../pools.example.yaml", "--next", "../../pools.next.yaml", "--json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var got struct {
+		Services []struct {
+			Name, Change string
+			Moved, Ideal float64
+		} `json:"services"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v in %s", err, out.String())
+	}
+	var changed []string
+	for _, s := range got.Services {
+		if s.Change != "unchanged" {
+			changed = append(changed, s.Name)
+			if s.Name != "quic" || s.Ideal != 0.25 || s.Moved < 0.24 || s.Moved > 0.26 {
+				t.Errorf("%+v: want quic moving about its ideal 25%%", s)
+			}
+		}
+	}
+	if !slices.Equal(changed, []string{"quic"}) {
+		t.Fatalf("changed services %v, want [quic]:\n%s", changed, out.String())
+	}
+}
+
 func ringPool(weights ...int) string {
 	var b strings.Builder
 	b.WriteString("services:\n  - name: api\n    protocol: grpc\n    affinity: {mode: header, header: {name: x-session}}\n    balance: ring_hash\n    hash: {virtual_nodes: 160}\n    backends:\n")
@@ -204,5 +257,32 @@ func TestPlanVirtualNodes(t *testing.T) {
 	t.Logf("\n%s%s", errb.String(), out.String())
 	if !strings.Contains(out.String(), "GRPC RING") || !strings.Contains(out.String(), "4000->4096") || !strings.Contains(errb.String(), nextP+":6:") || !strings.Contains(errb.String(), "gRPC caps rings at 4096") {
 		t.Fatalf("stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	}
+}
+
+// TestHelpShowsArguments: every subcommand's -h prints its synopsis, with every argument the
+// command's line in the top-level usage names (FILE, OLD, ADDR, ...), then its flags, and
+// exits 0.
+func TestHelpShowsArguments(t *testing.T) {
+	placeholder := regexp.MustCompile(`\b[A-Z]+\b`)
+	for _, cmd := range [][]string{{"validate"}, {"plan"}, {"xds"}, {"xdp"}, {"xdp", "stats"}, {"xdp", "tables"}, {"xdp", "detach"}, {"xdp", "pass"}} {
+		name := strings.Join(cmd, " ")
+		var out, errb bytes.Buffer
+		code := run(append(slices.Clone(cmd), "-h"), &out, &errb)
+		help := errb.String()
+		if code != 0 || !strings.HasPrefix(help, "usage:") || !strings.Contains(help, "stickylb "+name+" ") || !strings.Contains(help, "\nflags:\n  -") {
+			t.Errorf("%s -h: exit %d, printed:\n%s", name, code, help)
+			continue
+		}
+		for _, l := range strings.Split(usage, "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "stickylb "+cmd[0]+" ") {
+				continue
+			}
+			for _, arg := range placeholder.FindAllString(l, -1) {
+				if !strings.Contains(help, arg) {
+					t.Errorf("%s -h does not show %s (the usage says %q):\n%s", name, arg, strings.TrimSpace(l), help)
+				}
+			}
+		}
 	}
 }

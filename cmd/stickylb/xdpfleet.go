@@ -7,12 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -72,13 +69,7 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	if metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
-	}
+	defer serveXDPMetrics(metrics, l, nil, log, c.Collector())()
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -27,35 +26,14 @@ import (
 	"github.com/stickylb/stickylb/xds"
 )
 
-type xdsOptions struct {
-	pools, listen, admin      string
-	tlsCert, tlsKey, clientCA string
-	poll                      time.Duration
-	maxNodes                  int
-}
-
 func xdsCmd(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("xds", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var o xdsOptions
-	fs.StringVar(&o.pools, "pools", "", "pools file to serve (reloaded when it changes)")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:18000", "gRPC address for ADS and the per-type xDS services")
-	fs.StringVar(&o.admin, "admin", "", "HTTP address for the status page at / (status.json beside it), /healthz, /metrics and /config (off when empty; unauthenticated: keep it private)")
-	fs.StringVar(&o.tlsCert, "tls-cert", "", "server certificate (PEM) for TLS")
-	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
-	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
-	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
-	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.pools == "" || fs.NArg() != 0 {
-		fmt.Fprint(stderr, "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n")
-		return 2
+	o, err := parseXDSFlags(args, stderr)
+	if err != nil {
+		return parseError(err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log, err := zap.NewProduction()
+	log, err := newLogger()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -67,84 +45,120 @@ func xdsCmd(args []string, stderr io.Writer) int {
 // serveXDS runs the control plane until ctx ends. ready, when set, receives the bound
 // addresses (tests listen on port 0).
 func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writer, ready func(grpcAddr, adminAddr string)) int {
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
+		return 1
+	}
 	f, ok := load(o.pools, stderr)
 	if !ok {
 		return 1
 	}
-	var opts []grpc.ServerOption
-	if o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" {
-		creds, err := serverTLS(o)
-		if err != nil {
-			fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
-			return 1
-		}
-		opts = append(opts, grpc.Creds(creds))
+	gopts, err := grpcOptions(o)
+	if err != nil {
+		return fail(err)
 	}
-	opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Find streams whose node vanished without closing them within a minute: until
-		// then their node id is taken (a reconnect from another address or certificate is
-		// refused) and their state is kept.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second}))
-	var s *xds.Server
-	hlog := healthlog.New(log)
-	services := pools.HealthServices(f.Services)
-	first := newFirstVerdicts(services)
-	mon := health.NewMonitor(func(service string, tr health.Transition) {
-		hlog.Transition(service, tr)
-		first.decided(service, tr.ID)
-		s.Stats.HealthTransitions.Add(1)
-		s.RecordTransition(service, tr)
-		if err := s.Refresh(); err != nil {
-			log.Error("publishing health", zap.Error(err))
-		}
-	})
-	defer mon.Stop()
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready), xds.WithProbes(mon.Lookup)}
-	if o.clientCA != "" {
-		// mTLS: a node id speaks only for the certificate that covers it.
-		xopts = append(xopts, xds.WithNodeIdentity())
+	cp, err := startControlPlane(ctx, f, o, log)
+	if err != nil {
+		return fail(err)
 	}
-	s = xds.NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return mon.View(svc, b.Identity()) }, log, xopts...)
-	if err := mon.Apply(ctx, services); err != nil {
-		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
-		return 1
-	}
-	// The probes have started: every target is decided within the longest bound.
-	stopHold := time.AfterFunc(first.bound, first.release)
-	defer stopHold.Stop()
+	defer cp.stop()
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
-		fmt.Fprintf(stderr, "stickylb xds: listening for xDS: %v\n", err)
-		return 1
+		return fail(fmt.Errorf("listening for xDS: %w", err))
 	}
-	g := grpc.NewServer(opts...)
-	s.Register(g)
+	g := grpc.NewServer(gopts...)
+	cp.srv.Register(g)
 	go func() { _ = g.Serve(ln) }()
 	defer g.GracefulStop()
 	adminAddr := ""
 	if o.admin != "" {
 		aln, err := net.Listen("tcp", o.admin)
 		if err != nil {
-			fmt.Fprintf(stderr, "stickylb xds: listening for admin: %v\n", err)
-			return 1
+			return fail(fmt.Errorf("listening for admin: %w", err))
 		}
 		adminAddr = aln.Addr().String()
-		hs := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Handler: cp.srv.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = hs.Serve(aln) }()
 		defer hs.Close()
 	}
-	go xds.Watch(ctx, o.pools, o.poll, s, log, func(nf *pools.File) {
-		if err := mon.Apply(ctx, pools.HealthServices(nf.Services)); err != nil {
-			log.Error("retargeting health checks", zap.Error(err))
-		}
-	})
+	go cp.watch(ctx, o, log)
 	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),
-		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", len(opts) > 1))
+		zap.String("pools", o.pools), zap.Int("services", len(f.Services)), zap.Bool("tls", o.tls()))
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)
 	}
 	<-ctx.Done()
 	return 0
+}
+
+// grpcOptions are the xDS gRPC server's options: TLS when asked for, and keepalives.
+func grpcOptions(o xdsOptions) ([]grpc.ServerOption, error) {
+	var opts []grpc.ServerOption
+	if o.tls() {
+		creds, err := serverTLS(o)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	return append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Find streams whose node vanished without closing them within a minute: until
+		// then their node id is taken (a reconnect from another address or certificate is
+		// refused) and their state is kept.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second})), nil
+}
+
+// controlPlane is the xDS server and the health checks that feed it.
+type controlPlane struct {
+	srv  *xds.Server
+	mon  *health.Monitor
+	hold *time.Timer // publishes without every first verdict once their bound is over
+}
+
+// startControlPlane starts the health checks of f's services and the xDS server they
+// feed, which holds its first snapshots until the checks' first verdicts are in.
+func startControlPlane(ctx context.Context, f *pools.File, o xdsOptions, log *zap.Logger) (*controlPlane, error) {
+	cp := &controlPlane{}
+	hlog := healthlog.New(log)
+	services := pools.HealthServices(f.Services)
+	first := newFirstVerdicts(services)
+	cp.mon = health.NewMonitor(func(service string, tr health.Transition) {
+		hlog.Transition(service, tr)
+		first.decided(service, tr.ID)
+		cp.srv.Stats.HealthTransitions.Add(1)
+		cp.srv.RecordTransition(service, tr)
+		if err := cp.srv.Refresh(); err != nil {
+			log.Error("publishing health", zap.Error(err))
+		}
+	})
+	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready), xds.WithProbes(cp.mon.Lookup)}
+	if o.clientCA != "" {
+		// mTLS: a node id speaks only for the certificate that covers it.
+		xopts = append(xopts, xds.WithNodeIdentity())
+	}
+	cp.srv = xds.NewServer(ctx, f, func(svc string, b *pools.Backend) health.State { return cp.mon.View(svc, b.Identity()) }, log, xopts...)
+	if err := cp.mon.Apply(ctx, services); err != nil {
+		cp.mon.Stop()
+		return nil, err
+	}
+	// The probes have started: every target is decided within the longest bound.
+	cp.hold = time.AfterFunc(first.bound, first.release)
+	return cp, nil
+}
+
+// watch reloads the pools file when it changes, retargeting the health checks, until ctx
+// ends.
+func (cp *controlPlane) watch(ctx context.Context, o xdsOptions, log *zap.Logger) {
+	xds.Watch(ctx, o.pools, o.poll, cp.srv, log, func(nf *pools.File) {
+		if err := cp.mon.Apply(ctx, pools.HealthServices(nf.Services)); err != nil {
+			log.Error("retargeting health checks", zap.Error(err))
+		}
+	})
+}
+
+func (cp *controlPlane) stop() {
+	cp.hold.Stop()
+	cp.mon.Stop()
 }
 
 // firstVerdictSlack is added to the health checks' first-verdict bound before the control

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/stickylb/stickylb/internal/testkit/grpctest"
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/policies/health"
 )
@@ -45,20 +45,7 @@ func TestXDSFirstEDSHasNoStartupUnknown(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addrs := make(chan string, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serveXDS(ctx, xdsOptions{pools: p, listen: "127.0.0.1:0", poll: time.Second}, zaptest.NewLogger(t), os.Stderr,
-			func(g, _ string) { addrs <- g })
-	}()
-	var addr string
-	select {
-	case addr = <-addrs:
-	case code := <-done:
-		t.Fatalf("exited %d", code)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not serving")
-	}
+	addr, _, done := runXDS(ctx, t, xdsOptions{pools: p, listen: "127.0.0.1:0", poll: time.Second}, zaptest.NewLogger(t))
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -85,17 +72,10 @@ func TestXDSFirstEDSHasNoStartupUnknown(t *testing.T) {
 	if len(resp.GetResources()) != 1 {
 		t.Fatalf("%d load assignments, want 1", len(resp.GetResources()))
 	}
-	var cla endpointv3.ClusterLoadAssignment
-	if err := resp.GetResources()[0].UnmarshalTo(&cla); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]corev3.HealthStatus{}
-	for _, le := range cla.GetEndpoints() {
-		for _, e := range le.GetLbEndpoints() {
-			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-			got[net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue()))] = e.GetHealthStatus()
-		}
-	}
+	got := grpctest.EndpointStatuses(t, resp, func(e *endpointv3.LbEndpoint) string {
+		sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+		return net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue()))
+	})
 	if got[up.Addr().String()] != corev3.HealthStatus_HEALTHY || got[down] != corev3.HealthStatus_UNHEALTHY {
 		t.Fatalf("first EDS: %v; want %s HEALTHY and %s UNHEALTHY (no startup UNKNOWN)", got, up.Addr(), down)
 	}

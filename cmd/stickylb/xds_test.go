@@ -5,7 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,13 +18,18 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/stickylb/stickylb/internal/testkit/testcert"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
+	lbstatus "github.com/stickylb/stickylb/policies/status"
 )
 
 func TestXDSInvalidFileAtStart(t *testing.T) {
@@ -49,19 +57,10 @@ func TestXDSMutualTLS(t *testing.T) {
 	caFile, certFile, keyFile, clientCert, pool := pki(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addrs := make(chan string, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serveXDS(ctx, xdsOptions{pools: "../../pools.example.yaml", listen: "127.0.0.1:0", tlsCert: certFile, tlsKey: keyFile, clientCA: caFile, poll: time.Second},
-			zaptest.NewLogger(t), os.Stderr, func(g, _ string) { addrs <- g })
-	}()
-	var addr string
-	select {
-	case addr = <-addrs:
-	case code := <-done:
-		t.Fatalf("exited %d", code)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not serving")
+	log, logs := observedLogger(t)
+	addr, _, done := runXDS(ctx, t, xdsOptions{pools: "../../pools.example.yaml", listen: "127.0.0.1:0", tlsCert: certFile, tlsKey: keyFile, clientCA: caFile, poll: time.Second}, log)
+	if !servingTLS(t, logs) {
+		t.Fatal(`TLS xDS logged "tls": false`)
 	}
 	fetch := func(certs []tls.Certificate, id string) error {
 		creds := credentials.NewTLS(&tls.Config{RootCAs: pool, Certificates: certs, ServerName: "127.0.0.1"})
@@ -97,6 +96,118 @@ func TestXDSMutualTLS(t *testing.T) {
 	if err := fetch(nil, "tls-node/caddy"); err == nil {
 		t.Fatal("served a client without a certificate")
 	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+// runXDS runs serveXDS with o until ctx ends and returns its addresses once it serves, and
+// where its exit status will come.
+func runXDS(ctx context.Context, t *testing.T, o xdsOptions, log *zap.Logger) (grpcAddr, adminAddr string, done <-chan int) {
+	t.Helper()
+	type addrs struct{ grpc, admin string }
+	ready := make(chan addrs, 1)
+	exit := make(chan int, 1)
+	go func() {
+		exit <- serveXDS(ctx, o, log, os.Stderr, func(g, a string) { ready <- addrs{g, a} })
+	}()
+	select {
+	case a := <-ready:
+		return a.grpc, a.admin, exit
+	case code := <-exit:
+		t.Fatalf("exited %d", code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not serving")
+	}
+	return "", "", nil
+}
+
+// observedLogger is the commands' logger (newLogger) writing to logs instead of stderr.
+func observedLogger(t *testing.T) (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.InfoLevel)
+	log, err := newLogger(zap.WrapCore(func(zapcore.Core) zapcore.Core { return core }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return log, logs
+}
+
+// servingTLS is the tls field of the "serving xDS" line.
+func servingTLS(t *testing.T, logs *observer.ObservedLogs) bool {
+	t.Helper()
+	lines := logs.FilterMessage("serving xDS").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d \"serving xDS\" lines", len(lines))
+	}
+	v, ok := lines[0].ContextMap()["tls"].(bool)
+	if !ok {
+		t.Fatalf("serving xDS without a tls field: %v", lines[0].ContextMap())
+	}
+	return v
+}
+
+// TestXDSStatusShowsRefusedEdit: `stickylb xds` serving plaintext logs "tls": false; an
+// invalid edit of the pools file shows on the status page's JSON with its errors and when
+// it was read, its log lines carry no Go stack, and the next good edit clears it.
+func TestXDSStatusShowsRefusedEdit(t *testing.T) {
+	src, err := os.ReadFile("../../pools.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := write(t, "pools.yaml", string(src))
+	log, logs := observedLogger(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, admin, done := runXDS(ctx, t, xdsOptions{pools: p, listen: "127.0.0.1:0", admin: "127.0.0.1:0", poll: 20 * time.Millisecond}, log)
+	if servingTLS(t, logs) {
+		t.Fatal(`plaintext xDS logged "tls": true`)
+	}
+	config := func() *lbstatus.ConfigFile {
+		resp, err := http.Get("http://" + admin + "/" + lbstatus.JSONPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var snap lbstatus.Snapshot
+		if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
+			t.Fatal(err)
+		}
+		return snap.Config
+	}
+	if c := config(); c == nil || c.Path != p || c.Refused != nil || c.Loaded.IsZero() {
+		t.Fatalf("config before any edit: %+v", c)
+	}
+	edited := time.Now()
+	if err := os.WriteFile(p, []byte("services:\n  - name: web\n    protocol: http\n    balance: magelv\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var c *lbstatus.ConfigFile
+	testwait.For(t, 5*time.Second, "status.json shows the refused edit", func() (bool, string) {
+		c = config()
+		return c != nil && c.Refused != nil, fmt.Sprintf("%+v", c)
+	})
+	r := c.Refused
+	if len(r.Errors) != 2 || !strings.HasPrefix(r.Errors[0], p+":2:5: service web: backends is required") ||
+		!strings.HasPrefix(r.Errors[1], p+":4:14: balance \"magelv\"") || r.Time.Before(edited.Add(-time.Second)) || r.More != 0 {
+		t.Fatalf("refused edit: %+v", r)
+	}
+	refusals := logs.FilterMessageSnippet("invalid pools file edit").All()
+	if len(refusals) != 2 {
+		t.Fatalf("%d log lines for the refused edit's 2 errors", len(refusals))
+	}
+	for _, e := range refusals {
+		if e.Stack != "" || e.Level != zapcore.ErrorLevel {
+			t.Fatalf("refused edit logged at %s with a stack:\n%s", e.Level, e.Stack)
+		}
+	}
+	if err := os.WriteFile(p, append(src, "# fixed\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 5*time.Second, "a good edit clears the refusal", func() (bool, string) {
+		c = config()
+		return c != nil && c.Refused == nil && c.Loaded.After(edited), fmt.Sprintf("%+v", c)
+	})
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d", code)

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/stickylb/stickylb/policies/balance"
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/sessions"
@@ -78,8 +79,8 @@ const (
 )
 
 // Defaults filled in by applyDefaults when a field is omitted. Those every tier shares are
-// defined once, in the package that implements them (sessions, chash, health), and only
-// named here.
+// defined once, in the package that implements them (sessions, chash, balance, health), and
+// only named here.
 const (
 	DefaultTTL                = sessions.DefaultTTL
 	DefaultMaxSessions        = sessions.DefaultMaxEntries
@@ -91,8 +92,8 @@ const (
 	DefaultMinRingSize        = chash.DefaultMinRingSize
 	DefaultMaxRingSize        = chash.DefaultMaxRingSize
 	DefaultCIDLength          = 8
-	DefaultAggression         = 1.0
-	DefaultMinWeightPercent   = 10.0
+	DefaultAggression         = balance.DefaultAggression
+	DefaultMinWeightPercent   = balance.DefaultMinWeightPercent
 	DefaultHealthInterval     = health.DefaultInterval
 	DefaultHealthTimeout      = health.DefaultTimeout
 	DefaultHealthPath         = health.DefaultPath

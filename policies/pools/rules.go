@@ -1,11 +1,13 @@
 package pools
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/stickylb/stickylb/policies/chash"
@@ -25,11 +27,7 @@ const (
 func (d *decoder) checkAddr(n *yaml.Node, what, v string, kind addrKind) bool {
 	ap, err := netip.ParseAddrPort(v)
 	if err != nil {
-		hint := "e.g. 10.0.1.1:8080 or [2001:db8::1]:8080"
-		if _, _, herr := net.SplitHostPort(v); herr == nil {
-			hint = "an IP address, not a host name, " + hint
-		}
-		d.errorf(n, "%s %q: want ip:port (%s)", what, v, hint)
+		d.errorf(n, "%s %q: %s", what, v, whyNotAddrPort(v))
 		return false
 	}
 	a := ap.Addr()
@@ -51,6 +49,29 @@ func (d *decoder) checkAddr(n *yaml.Node, what, v string, kind addrKind) bool {
 		return false
 	}
 	return true
+}
+
+// whyNotAddrPort says what is wrong with v, which netip.ParseAddrPort refused: the host
+// when it is not an IP address, else the port.
+func whyNotAddrPort(v string) string {
+	const eg = "e.g. 10.0.1.1:8080 or [2001:db8::1]:8080"
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return "want ip:port (" + eg + ")"
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		return "want ip:port (an IP address, not a host name, " + eg + ")"
+	}
+	n, err := strconv.ParseUint(port, 10, 64)
+	switch {
+	case port == "":
+		return "no port after the address; want ip:port (" + eg + ")"
+	case errors.Is(err, strconv.ErrRange) || err == nil && n > 65535:
+		return "port " + port + " out of range 1..65535"
+	case err != nil:
+		return fmt.Sprintf("port %q is not a number; want ip:port (%s)", port, eg)
+	}
+	return "want ip:port (" + eg + ")"
 }
 
 // checkMAC reports whether v is an Ethernet MAC address written as six colon-separated

@@ -88,6 +88,23 @@ func (st *svcState) keyPos(path string) *yaml.Node {
 	return st.node
 }
 
+// decoder decodes one pools file: its fields, read through the walker, into a File, and
+// the rules that span fields (rules.go).
+type decoder struct {
+	*yamlWalker
+}
+
+func newDecoder(file string) *decoder { return &decoder{newYAMLWalker(file)} }
+
+// parse reads the single YAML document in data and decodes the pools file.
+func (d *decoder) parse(data []byte) *File {
+	root := d.document(data)
+	if root == nil {
+		return nil
+	}
+	return d.decodeFile(root)
+}
+
 func (d *decoder) decodeFile(root *yaml.Node) *File {
 	if rn := resolve(root); rn == nil || rn.Kind == yaml.ScalarNode && rn.ShortTag() == "!!null" {
 		d.errorf(root, "empty pools file: want a mapping with services:")

@@ -81,6 +81,17 @@ type Watcher struct {
 	Log *zap.Logger
 	// Errors, when set, counts rejected edits: invalid, too large, or refused by Apply.
 	Errors *atomic.Uint64
+	// Edits, when set, hears how each edit went, for a status page.
+	Edits EditRecorder
+}
+
+// EditRecorder hears how each edit a Watcher offers went (status.ConfigLog is one).
+type EditRecorder interface {
+	// Applied: the edit read at t serves now.
+	Applied(t time.Time)
+	// Refused: the edit read at t was refused for errs, each as file:line:col: message
+	// where it has a place; the last good version keeps serving.
+	Refused(t time.Time, errs []string)
 }
 
 // Run polls until ctx ends.
@@ -130,24 +141,34 @@ func (w *Watcher) poll(st *watchState) {
 		return
 	}
 	st.last = sum
+	read := time.Now()
 	if err == nil {
 		var f *File
 		if f, err = Parse(w.Path, data); err == nil {
 			if err = w.Apply(f); err == nil {
 				w.Log.Info("pools file reloaded", zap.String("file", w.Path), zap.Int("services", len(f.Services)))
+				if w.Edits != nil {
+					w.Edits.Applied(read)
+				}
 				return
 			}
 		}
 	}
+	var msgs []string
 	var list ErrorList
 	if errors.As(err, &list) {
 		for _, e := range list {
 			w.Log.Error("invalid pools file edit; the last good config keeps serving", zap.String("error", e.Error()))
+			msgs = append(msgs, e.Error())
 		}
 	} else {
 		w.Log.Error("pools file edit not applied; the last good config keeps serving", zap.Error(err))
+		msgs = append(msgs, err.Error())
 	}
-	// Counted after the lines are logged: whoever sees the count sees why.
+	// Counted and recorded after the lines are logged: whoever sees the count sees why.
+	if w.Edits != nil {
+		w.Edits.Refused(read, msgs)
+	}
 	if w.Errors != nil {
 		w.Errors.Add(1)
 	}

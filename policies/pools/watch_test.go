@@ -28,9 +28,26 @@ func writeAtomically(t *testing.T, path, src string) {
 	}
 }
 
+// editLog records what a Watcher tells its Edits, one line per edit.
+type editLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *editLog) Applied(time.Time) { l.add("applied") }
+func (l *editLog) Refused(_ time.Time, errs []string) {
+	l.add("refused: " + strings.Join(errs, "; "))
+}
+func (l *editLog) add(s string) { l.mu.Lock(); defer l.mu.Unlock(); l.lines = append(l.lines, s) }
+func (l *editLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
 // TestWatcher: an edit made before Run (after Load) is applied; an invalid edit is logged
 // with file:line, counted once however many polls see it, and not applied; an edit Apply
-// refuses is counted; Run returns when its context ends.
+// refuses is counted; Edits hears each edit once; Run returns when its context ends.
 func TestWatcher(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pools.yaml")
 	writeAtomically(t, path, watchSrc)
@@ -45,8 +62,9 @@ func TestWatcher(t *testing.T) {
 		applied []*File
 		refuse  atomic.Bool
 		errs    atomic.Uint64
+		edits   editLog
 	)
-	w := &Watcher{Path: path, Interval: 5 * time.Millisecond, Current: cur, Log: zap.New(core), Errors: &errs,
+	w := &Watcher{Path: path, Interval: 5 * time.Millisecond, Current: cur, Log: zap.New(core), Errors: &errs, Edits: &edits,
 		Apply: func(f *File) error {
 			if refuse.Load() {
 				return errors.New("refused")
@@ -86,6 +104,16 @@ func TestWatcher(t *testing.T) {
 	refuse.Store(true)
 	writeAtomically(t, path, watchSrc+"# refused\n")
 	testwait.For(t, 5*time.Second, "the refused edit counted", func() (bool, string) { return errs.Load() == 3, "" })
+	got := edits.all()
+	want := []string{"applied", path + ":4:14: balance \"magelv\"", path + ":5:14: balance \"magelv\"", "applied", "refused: refused"}
+	if len(got) != len(want) {
+		t.Fatalf("edits heard %q, want %d", got, len(want))
+	}
+	for i := range want {
+		if !strings.Contains(got[i], want[i]) || strings.HasPrefix(want[i], "/") != strings.HasPrefix(got[i], "refused: /") {
+			t.Errorf("edit %d heard %q, want %q in it", i, got[i], want[i])
+		}
+	}
 
 	cancel()
 	select {

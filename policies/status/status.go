@@ -54,6 +54,9 @@ type Snapshot struct {
 	Services []Service `json:"services"`
 	// Nodes are the data-plane nodes connected to a control plane (xds tier only).
 	Nodes []Node `json:"nodes,omitempty"`
+	// Config is the file the tier serves and how its last edit went (xds, and xdp with
+	// --pools); nil where the tier has none.
+	Config *ConfigFile `json:"config,omitempty"`
 	// Notes are tier-wide remarks for the operator (what cannot be known, and why).
 	Notes []string `json:"notes,omitempty"`
 	// Counters are tier-wide path counters (XDP: packets by path through the program).

@@ -8,7 +8,7 @@ import (
 
 // twoZones is the classic cross-zone example: zone A has 2 servers, zone B 8; each zone's LB nodes
 // receive half of the traffic.
-func twoZones() ([]Node, []Backend) {
+func twoZones() ([]Traffic, []Backend) {
 	var bs []Backend
 	for i := 0; i < 2; i++ {
 		bs = append(bs, Backend{ID: fmt.Sprintf("a%d", i), Zone: "A", Weight: 1, Healthy: true})
@@ -16,7 +16,7 @@ func twoZones() ([]Node, []Backend) {
 	for i := 0; i < 8; i++ {
 		bs = append(bs, Backend{ID: fmt.Sprintf("b%d", i), Zone: "B", Weight: 1, Healthy: true})
 	}
-	return []Node{{Zone: "A", Traffic: 0.5}, {Zone: "B", Traffic: 0.5}}, bs
+	return []Traffic{{Zone: "A", Share: 0.5}, {Zone: "B", Share: 0.5}}, bs
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
@@ -112,7 +112,7 @@ func TestLocalities(t *testing.T) {
 // A drained zone is the last resort, as the xDS tier's lowest priority is: it takes the
 // traffic only once no other zone has a healthy backend.
 func TestDrainedZoneIsLastResort(t *testing.T) {
-	nodes := []Node{{Zone: "a", Traffic: 0.5}, {Zone: "b", Traffic: 0.5}}
+	nodes := []Traffic{{Zone: "a", Share: 0.5}, {Zone: "b", Share: 0.5}}
 	bs := []Backend{{ID: "a1", Zone: "a", Weight: 1, Healthy: true}, {ID: "b1", Zone: "b", Weight: 1, Healthy: true}}
 	p := Policy{CrossZone: false, DrainedZones: []string{"a"}}
 	if got := Shares(nodes, bs, p); got["a1"] != 0 || got["b1"] != 1 {

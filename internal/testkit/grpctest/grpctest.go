@@ -1,6 +1,7 @@
 // Package grpctest is the grpc-go side of the tests that put a real grpc-go client in front
-// of stickylb: a server on loopback, one xDS client node with its own bootstrap, and the
-// call that tells which backend answered.
+// of stickylb: a server on loopback, one xDS client node with its own bootstrap, the call
+// that tells which backend answered, grpc-go's weight-shuffling switch (a test runs itself
+// again in the other mode), and what an xDS client reads of an EDS response.
 package grpctest
 
 import (

@@ -19,8 +19,11 @@ import (
 // with thousands of backends, stays far below this.
 const maxVisits = 1 << 22
 
-// decoder walks one document and collects every problem it meets.
-type decoder struct {
+// yamlWalker walks a YAML node tree as a pools file is written: mappings with their merge
+// keys expanded, scalars of the kinds the file takes, each node counted against maxVisits,
+// and every problem reported once, at its line and column. The decoder reads the file's
+// fields through it.
+type yamlWalker struct {
 	file  string
 	errs  ErrorList
 	warns ErrorList
@@ -36,43 +39,43 @@ type decoder struct {
 	merging map[*yaml.Node]bool // merge sources being expanded, against cycles
 }
 
-func newDecoder(file string) *decoder {
-	return &decoder{file: file, merging: map[*yaml.Node]bool{}, reported: map[Error]bool{}, unknown: map[*yaml.Node]bool{}, known: map[knownKey]knownFields{}}
+func newYAMLWalker(file string) *yamlWalker {
+	return &yamlWalker{file: file, merging: map[*yaml.Node]bool{}, reported: map[Error]bool{}, unknown: map[*yaml.Node]bool{}, known: map[knownKey]knownFields{}}
 }
 
-func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
-	if e := d.at(n, format, args...); d.first(e) {
-		d.errs = append(d.errs, e)
+func (w *yamlWalker) errorf(n *yaml.Node, format string, args ...any) {
+	if e := w.at(n, format, args...); w.first(e) {
+		w.errs = append(w.errs, e)
 	}
 }
 
-func (d *decoder) warnf(n *yaml.Node, format string, args ...any) {
-	if e := d.at(n, format, args...); d.first(e) {
-		d.warns = append(d.warns, e)
+func (w *yamlWalker) warnf(n *yaml.Node, format string, args ...any) {
+	if e := w.at(n, format, args...); w.first(e) {
+		w.warns = append(w.warns, e)
 	}
 }
 
 // first reports whether e is reported for the first time.
-func (d *decoder) first(e *Error) bool {
-	if d.reported[*e] {
+func (w *yamlWalker) first(e *Error) bool {
+	if w.reported[*e] {
 		return false
 	}
-	d.reported[*e] = true
+	w.reported[*e] = true
 	return true
 }
 
 // unknownAt reports whether the unknown field at key is new, before its suggestion is
 // worked out: an aliased mapping is walked once per alias.
-func (d *decoder) unknownAt(key *yaml.Node) bool {
-	if d.unknown[key] {
+func (w *yamlWalker) unknownAt(key *yaml.Node) bool {
+	if w.unknown[key] {
 		return false
 	}
-	d.unknown[key] = true
+	w.unknown[key] = true
 	return true
 }
 
-func (d *decoder) at(n *yaml.Node, format string, args ...any) *Error {
-	e := &Error{File: d.file, Msg: fmt.Sprintf(format, args...)}
+func (w *yamlWalker) at(n *yaml.Node, format string, args ...any) *Error {
+	e := &Error{File: w.file, Msg: fmt.Sprintf(format, args...)}
 	if n != nil {
 		e.Line, e.Col = n.Line, n.Column
 	}
@@ -80,14 +83,14 @@ func (d *decoder) at(n *yaml.Node, format string, args ...any) *Error {
 }
 
 // tick counts one visited node; false once the budget is spent.
-func (d *decoder) tick(n *yaml.Node) bool {
-	if d.spent {
+func (w *yamlWalker) tick(n *yaml.Node) bool {
+	if w.spent {
 		return false
 	}
-	d.visits++
-	if d.visits > maxVisits {
-		d.spent = true
-		d.errorf(n, "pools file expands to more than %d nodes through aliases; stopped reading it here", maxVisits)
+	w.visits++
+	if w.visits > maxVisits {
+		w.spent = true
+		w.errorf(n, "pools file expands to more than %d nodes through aliases; stopped reading it here", maxVisits)
 		return false
 	}
 	return true
@@ -101,44 +104,45 @@ func resolve(n *yaml.Node) *yaml.Node {
 	return n
 }
 
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// parse reads the single YAML document in data and decodes the pools file.
-func (d *decoder) parse(data []byte) *File {
+// document reads the single YAML document in data and returns its root, nil when there is
+// none (the problem is reported).
+func (w *yamlWalker) document(data []byte) *yaml.Node {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			d.errs = append(d.errs, &Error{File: d.file, Msg: "empty pools file: want a mapping with services:"})
+			w.errs = append(w.errs, &Error{File: w.file, Msg: "empty pools file: want a mapping with services:"})
 		} else {
-			d.syntaxError(err)
+			w.syntaxError(err)
 		}
 		return nil
 	}
 	var next yaml.Node
 	switch err := dec.Decode(&next); {
 	case err == nil:
-		d.errorf(&next, "a pools file holds one YAML document; a second one starts here")
+		w.errorf(&next, "a pools file holds one YAML document; a second one starts here")
 	case !errors.Is(err, io.EOF):
-		d.syntaxError(err)
+		w.syntaxError(err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = root.Content[0]
 	}
-	return d.decodeFile(root)
+	return root
 }
 
-func (d *decoder) syntaxError(err error) {
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+func (w *yamlWalker) syntaxError(err error) {
 	msg := err.Error()
-	e := &Error{File: d.file, Msg: "YAML: " + strings.TrimPrefix(msg, "yaml: ")}
+	e := &Error{File: w.file, Msg: "YAML: " + strings.TrimPrefix(msg, "yaml: ")}
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		if line, err := strconv.Atoi(m[1]); err == nil {
 			e.Line = line
 			e.Msg = "YAML: " + m[2]
 		}
 	}
-	d.errs = append(d.errs, e)
+	w.errs = append(w.errs, e)
 }
 
 // field is one key/value pair of a mapping.
@@ -150,13 +154,13 @@ type field struct {
 // pairs returns the pairs of mapping m with merge keys expanded: explicit
 // keys win over merged ones, earlier merge sources over later ones, as the
 // YAML merge-key spec says. Duplicate explicit keys are errors.
-func (d *decoder) pairs(m *yaml.Node) []field {
+func (w *yamlWalker) pairs(m *yaml.Node) []field {
 	var out []field
 	var merges []*yaml.Node
 	seen := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
-		if !d.tick(k) {
+		if !w.tick(k) {
 			return out
 		}
 		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
@@ -165,31 +169,31 @@ func (d *decoder) pairs(m *yaml.Node) []field {
 		}
 		rk := resolve(k)
 		if rk == nil || rk.Kind != yaml.ScalarNode {
-			d.errorf(k, "a mapping key must be a field name, got %s", describe(k))
+			w.errorf(k, "a mapping key must be a field name, got %s", describe(k))
 			continue
 		}
 		if prev, ok := seen[rk.Value]; ok {
-			d.errorf(k, "duplicate key %q (first at line %d)", rk.Value, prev.Line)
+			w.errorf(k, "duplicate key %q (first at line %d)", rk.Value, prev.Line)
 			continue
 		}
 		seen[rk.Value] = k
 		out = append(out, field{name: rk.Value, key: k, val: v})
 	}
 	for _, mv := range merges {
-		for _, src := range d.mergeSources(mv) {
-			if d.merging[src] {
-				d.errorf(mv, "merge key (<<) refers to the mapping it is part of")
+		for _, src := range w.mergeSources(mv) {
+			if w.merging[src] {
+				w.errorf(mv, "merge key (<<) refers to the mapping it is part of")
 				continue
 			}
-			d.merging[src] = true
-			for _, p := range d.pairs(src) {
+			w.merging[src] = true
+			for _, p := range w.pairs(src) {
 				if _, ok := seen[p.name]; ok {
 					continue
 				}
 				seen[p.name] = p.key
 				out = append(out, p)
 			}
-			delete(d.merging, src)
+			delete(w.merging, src)
 		}
 	}
 	return out
@@ -197,7 +201,7 @@ func (d *decoder) pairs(m *yaml.Node) []field {
 
 // mergeSources returns the mappings a merge key's value names: one mapping
 // or a list of them.
-func (d *decoder) mergeSources(v *yaml.Node) []*yaml.Node {
+func (w *yamlWalker) mergeSources(v *yaml.Node) []*yaml.Node {
 	rv := resolve(v)
 	if rv == nil {
 		return nil
@@ -210,50 +214,50 @@ func (d *decoder) mergeSources(v *yaml.Node) []*yaml.Node {
 		for _, e := range rv.Content {
 			re := resolve(e)
 			if re == nil || re.Kind != yaml.MappingNode {
-				d.errorf(e, "merge key (<<) list entries must be mappings, got %s", describe(e))
+				w.errorf(e, "merge key (<<) list entries must be mappings, got %s", describe(e))
 				continue
 			}
 			out = append(out, re)
 		}
 		return out
 	}
-	d.errorf(v, "merge key (<<) wants a mapping or a list of mappings, got %s", describe(v))
+	w.errorf(v, "merge key (<<) wants a mapping or a list of mappings, got %s", describe(v))
 	return nil
 }
 
 // fields checks that n is a mapping and returns its known fields by name;
 // unknown ones are errors naming the closest known field.
-func (d *decoder) fields(n *yaml.Node, what string, known []string) (map[string]field, bool) {
+func (w *yamlWalker) fields(n *yaml.Node, what string, known []string) (map[string]field, bool) {
 	rn := resolve(n)
 	if rn == nil || rn.Kind != yaml.MappingNode {
-		d.errorf(n, "%s: want a mapping, got %s", what, describe(n))
+		w.errorf(n, "%s: want a mapping, got %s", what, describe(n))
 		return nil, false
 	}
-	if !d.tick(rn) {
+	if !w.tick(rn) {
 		return nil, false
 	}
 	k := knownKey{rn, what}
-	if c, ok := d.known[k]; ok {
+	if c, ok := w.known[k]; ok {
 		for range c.visits {
-			if !d.tick(rn) {
+			if !w.tick(rn) {
 				return nil, false
 			}
 		}
 		return c.fs, true
 	}
-	before := d.visits
+	before := w.visits
 	fs := map[string]field{}
-	for _, p := range d.pairs(rn) {
+	for _, p := range w.pairs(rn) {
 		if !contains(known, p.name) {
-			if d.unknownAt(p.key) {
-				d.errorf(p.key, "unknown field %q in %s%s", p.name, what, suggest(p.name, known))
+			if w.unknownAt(p.key) {
+				w.errorf(p.key, "unknown field %q in %s%s", p.name, what, suggest(p.name, known))
 			}
 			continue
 		}
 		fs[p.name] = p
 	}
-	if !d.spent {
-		d.known[k] = knownFields{fs, d.visits - before}
+	if !w.spent {
+		w.known[k] = knownFields{fs, w.visits - before}
 	}
 	return fs, true
 }
@@ -270,7 +274,7 @@ type knownFields struct {
 }
 
 // list returns the entries of a sequence; no value counts as an empty list.
-func (d *decoder) list(f field) ([]*yaml.Node, bool) {
+func (w *yamlWalker) list(f field) ([]*yaml.Node, bool) {
 	rn := resolve(f.val)
 	if rn == nil {
 		return nil, false
@@ -279,23 +283,23 @@ func (d *decoder) list(f field) ([]*yaml.Node, bool) {
 		return nil, true
 	}
 	if rn.Kind != yaml.SequenceNode {
-		d.errorf(f.val, "%s: want a list, got %s", f.name, describe(f.val))
+		w.errorf(f.val, "%s: want a list, got %s", f.name, describe(f.val))
 		return nil, false
 	}
-	if !d.tick(rn) {
+	if !w.tick(rn) {
 		return nil, false
 	}
 	return rn.Content, true
 }
 
 // scalar returns the resolved scalar node of f, or reports what it got.
-func (d *decoder) scalar(f field, want string) (*yaml.Node, bool) {
+func (w *yamlWalker) scalar(f field, want string) (*yaml.Node, bool) {
 	rn := resolve(f.val)
-	if rn == nil || !d.tick(rn) {
+	if rn == nil || !w.tick(rn) {
 		return nil, false
 	}
 	if rn.Kind != yaml.ScalarNode || rn.ShortTag() == "!!null" {
-		d.errorf(f.val, "%s: want %s, got %s", f.name, want, describe(f.val))
+		w.errorf(f.val, "%s: want %s, got %s", f.name, want, describe(f.val))
 		return nil, false
 	}
 	return rn, true
@@ -304,26 +308,26 @@ func (d *decoder) scalar(f field, want string) (*yaml.Node, bool) {
 // str accepts strings, and integers and floats by their text, because a
 // zone or hash key such as 1001 is text to the operator. Booleans are
 // refused: `name: yes` is more likely a slip than a name.
-func (d *decoder) str(f field) (string, bool) {
-	return d.strAt(f.name, f.val)
+func (w *yamlWalker) str(f field) (string, bool) {
+	return w.strAt(f.name, f.val)
 }
 
 // strWhere decodes a string field that must satisfy valid; a value that does not is
 // reported with format (which takes the value) at the value's position.
-func (d *decoder) strWhere(f field, valid func(string) bool, format string) (string, bool) {
-	v, ok := d.str(f)
+func (w *yamlWalker) strWhere(f field, valid func(string) bool, format string) (string, bool) {
+	v, ok := w.str(f)
 	if !ok {
 		return "", false
 	}
 	if !valid(v) {
-		d.errorf(f.val, format, v)
+		w.errorf(f.val, format, v)
 		return "", false
 	}
 	return v, true
 }
 
-func (d *decoder) strAt(name string, n *yaml.Node) (string, bool) {
-	rn, ok := d.scalar(field{name: name, val: n}, "a string")
+func (w *yamlWalker) strAt(name string, n *yaml.Node) (string, bool) {
+	rn, ok := w.scalar(field{name: name, val: n}, "a string")
 	if !ok {
 		return "", false
 	}
@@ -331,61 +335,61 @@ func (d *decoder) strAt(name string, n *yaml.Node) (string, bool) {
 	case "!!str", "!!int", "!!float":
 		return rn.Value, true
 	}
-	d.errorf(n, "%s: want a string, got %s (quote it if you mean the text)", name, describe(n))
+	w.errorf(n, "%s: want a string, got %s (quote it if you mean the text)", name, describe(n))
 	return "", false
 }
 
 // integer accepts YAML integers only: "3" in quotes is a string, 3.0 a float.
-func (d *decoder) integer(f field) (int64, bool) {
-	rn, ok := d.scalar(f, "an integer")
+func (w *yamlWalker) integer(f field) (int64, bool) {
+	rn, ok := w.scalar(f, "an integer")
 	if !ok {
 		return 0, false
 	}
 	if rn.ShortTag() != "!!int" {
-		d.errorf(f.val, "%s: want an integer, got %s", f.name, describe(f.val))
+		w.errorf(f.val, "%s: want an integer, got %s", f.name, describe(f.val))
 		return 0, false
 	}
 	var v int64
 	if err := rn.Decode(&v); err != nil {
-		d.errorf(f.val, "%s: integer %s does not fit in 64 bits", f.name, rn.Value)
+		w.errorf(f.val, "%s: integer %s does not fit in 64 bits", f.name, rn.Value)
 		return 0, false
 	}
 	return v, true
 }
 
 // number accepts integers and finite floats.
-func (d *decoder) number(f field) (float64, bool) {
-	rn, ok := d.scalar(f, "a number")
+func (w *yamlWalker) number(f field) (float64, bool) {
+	rn, ok := w.scalar(f, "a number")
 	if !ok {
 		return 0, false
 	}
 	switch rn.ShortTag() {
 	case "!!int", "!!float":
 	default:
-		d.errorf(f.val, "%s: want a number, got %s", f.name, describe(f.val))
+		w.errorf(f.val, "%s: want a number, got %s", f.name, describe(f.val))
 		return 0, false
 	}
 	var v float64
 	if err := rn.Decode(&v); err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		d.errorf(f.val, "%s: want a finite number, got %s", f.name, rn.Value)
+		w.errorf(f.val, "%s: want a finite number, got %s", f.name, rn.Value)
 		return 0, false
 	}
 	return v, true
 }
 
 // boolean accepts true and false only (YAML 1.2), not yes/no/on/off.
-func (d *decoder) boolean(f field) (bool, bool) {
-	rn, ok := d.scalar(f, "true or false")
+func (w *yamlWalker) boolean(f field) (bool, bool) {
+	rn, ok := w.scalar(f, "true or false")
 	if !ok {
 		return false, false
 	}
 	if rn.ShortTag() != "!!bool" {
-		d.errorf(f.val, "%s: want true or false, got %s", f.name, describe(f.val))
+		w.errorf(f.val, "%s: want true or false, got %s", f.name, describe(f.val))
 		return false, false
 	}
 	var v bool
 	if err := rn.Decode(&v); err != nil {
-		d.errorf(f.val, "%s: want true or false, got %s", f.name, rn.Value)
+		w.errorf(f.val, "%s: want true or false, got %s", f.name, rn.Value)
 		return false, false
 	}
 	return v, true
@@ -393,8 +397,8 @@ func (d *decoder) boolean(f field) (bool, bool) {
 
 // duration accepts Go duration strings ("30m", "1h30m", "500ms") and a bare
 // 0; any other bare number is refused, since its unit would be a guess.
-func (d *decoder) duration(f field) (time.Duration, bool) {
-	rn, ok := d.scalar(f, "a duration such as 30s")
+func (w *yamlWalker) duration(f field) (time.Duration, bool) {
+	rn, ok := w.scalar(f, "a duration such as 30s")
 	if !ok {
 		return 0, false
 	}
@@ -404,18 +408,18 @@ func (d *decoder) duration(f field) (time.Duration, bool) {
 		if v, err := strconv.ParseFloat(strings.ReplaceAll(rn.Value, "_", ""), 64); err == nil && v == 0 {
 			return 0, true
 		}
-		d.errorf(f.val, "%s: %s has no unit; write a duration such as %ss or %sm", f.name, rn.Value, rn.Value, rn.Value)
+		w.errorf(f.val, "%s: %s has no unit; write a duration such as %ss or %sm", f.name, rn.Value, rn.Value, rn.Value)
 		return 0, false
 	default:
-		d.errorf(f.val, "%s: want a duration such as 30s, got %s", f.name, describe(f.val))
+		w.errorf(f.val, "%s: want a duration such as 30s, got %s", f.name, describe(f.val))
 		return 0, false
 	}
 	v, err := time.ParseDuration(rn.Value)
 	if err != nil {
 		if _, nerr := strconv.ParseFloat(rn.Value, 64); nerr == nil {
-			d.errorf(f.val, "%s: %q has no unit; write a duration such as %ss or %sm", f.name, rn.Value, rn.Value, rn.Value)
+			w.errorf(f.val, "%s: %q has no unit; write a duration such as %ss or %sm", f.name, rn.Value, rn.Value, rn.Value)
 		} else {
-			d.errorf(f.val, "%s: bad duration %q: want a number with a unit (ms, s, m, h), e.g. 30s or 1h30m", f.name, rn.Value)
+			w.errorf(f.val, "%s: bad duration %q: want a number with a unit (ms, s, m, h), e.g. 30s or 1h30m", f.name, rn.Value)
 		}
 		return 0, false
 	}
@@ -465,102 +469,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// suggest returns ` (did you mean "x"?)` for the known name closest to an
-// unknown one: same letters ignoring case, '-' and '_', or at most two edits. It
-// allocates nothing but its answer and takes time linear in the names' lengths.
-func suggest(name string, known []string) string {
-	best, bestDist := "", maxSuggestDistance+1
-	for _, k := range known {
-		if sameLoosely(k, name) {
-			return fmt.Sprintf(" (did you mean %q?)", k)
-		}
-		if dist := editDistanceWithin(name, k, maxSuggestDistance); dist < bestDist {
-			best, bestDist = k, dist
-		}
-	}
-	if best == "" || len(name) < 3 {
-		return "; known fields: " + strings.Join(known, ", ")
-	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-// maxSuggestDistance is the most edits a suggestion may be away.
-const maxSuggestDistance = 2
-
-// sameLoosely reports whether a and b spell the same letters ignoring ASCII case, '-'
-// and '_' (maxSessions, max-sessions and max_sessions).
-func sameLoosely(a, b string) bool {
-	i, j := 0, 0
-	for {
-		for i < len(a) && (a[i] == '_' || a[i] == '-') {
-			i++
-		}
-		for j < len(b) && (b[j] == '_' || b[j] == '-') {
-			j++
-		}
-		if i == len(a) || j == len(b) {
-			return i == len(a) && j == len(b)
-		}
-		if lower(a[i]) != lower(b[j]) {
-			return false
-		}
-		i++
-		j++
-	}
-}
-
-func lower(c byte) byte {
-	if c >= 'A' && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
-
-// editDistanceWithin is the Levenshtein distance of a and b when it is at most max, and
-// max+1 otherwise. It only fills the band of cells within max of the diagonal, so it
-// takes O(len(a) * max) time, and it stops early when no cell of a row is within max.
-func editDistanceWithin(a, b string, max int) int {
-	if d := len(a) - len(b); d > max || -d > max {
-		return max + 1
-	}
-	const inf = 1 << 30
-	var prevBuf, curBuf [64 + 1]int
-	if len(b) > 64 {
-		return max + 1
-	}
-	prev, cur := prevBuf[:len(b)+1], curBuf[:len(b)+1]
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		lo, hi := i-max, i+max
-		if lo < 1 {
-			lo = 1
-		}
-		if hi > len(b) {
-			hi = len(b)
-		}
-		for j := range cur {
-			cur[j] = inf
-		}
-		if i <= max {
-			cur[0] = i
-		}
-		rowMin := cur[0]
-		for j := lo; j <= hi; j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			rowMin = min(rowMin, cur[j])
-		}
-		if rowMin > max {
-			return max + 1
-		}
-		prev, cur = cur, prev
-	}
-	return min(prev[len(b)], max+1)
 }

@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,6 +59,7 @@ import (
 //	                  SetSnapshot of the edited snapshot for every node
 //	health-p50/p99-ms the same from one backend's health transition (RecordTransition and
 //	                  Refresh, as the checker's callback runs them)
+//	                  (FLEET_HEAP=DIR writes each arm's heap profile there at this point)
 //	restart-s         from a new server on the same address (the old one stopped, every
 //	                  stream cut) to the last ACK of both types: the whole fleet served
 //	                  again, the nodes' reconnect backoff included
@@ -163,6 +166,9 @@ func (r *fleetRun) run() {
 	b.ReportMetric(time.Since(start).Seconds(), "sync-s")
 	r.acks.reset(r.version)
 	server := heapNow()
+	if dir := os.Getenv("FLEET_HEAP"); dir != "" {
+		writeHeapProfile(b, filepath.Join(dir, "fleet-"+r.arm+".heap"))
+	}
 	b.ReportMetric(float64(server-base)/float64(r.subs-1), "server-B/sub")
 	b.ReportMetric(float64(server)/1e6, "server-MB")
 	var client int64
@@ -342,6 +348,19 @@ func (r *fleetRun) startChildren(from, to int) {
 func (r *fleetRun) stopChildren() {
 	for _, c := range r.children {
 		c.stop()
+	}
+}
+
+// writeHeapProfile writes the process's heap profile to path (FLEET_HEAP: each arm's, with
+// every node connected).
+func writeHeapProfile(tb testing.TB, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		tb.Fatal(err)
 	}
 }
 

@@ -203,18 +203,6 @@ func katranVIPKey(v netip.AddrPort) []byte {
 	return key
 }
 
-// katranFlowKey is Katran's flow_key of an IPv4 TCP flow.
-func katranFlowKey(src, dst netip.Addr, sport, dport uint16) []byte {
-	key := make([]byte, 40)
-	s, d := src.As4(), dst.As4()
-	copy(key, s[:])
-	copy(key[16:], d[:])
-	binary.BigEndian.PutUint16(key[32:], sport)
-	binary.BigEndian.PutUint16(key[34:], dport)
-	key[36] = 6
-	return key
-}
-
 // stat sums Katran's per-CPU counter MAX_VIPS + idx; max is its largest v1 on one CPU.
 func (k *katranLB) stat(tb testing.TB, idx uint32) (sum katranStat, max uint64) {
 	tb.Helper()
@@ -341,14 +329,7 @@ func newKatranRig(b *testing.B, obj string) *katranRig {
 	for i, r := range katranReals {
 		hosts[i] = chash.Host{ID: r.String(), Weight: 1}
 	}
-	m, err := chash.NewMaglev(hosts, 65537)
-	if err != nil {
-		b.Fatal(err)
-	}
-	table := make([]uint32, len(m.Table()))
-	for i, h := range m.Table() {
-		table[i] = uint32(h)
-	}
+	table := maglevSlots(b, hosts...)
 	for i := range katranReals {
 		if err := ours.SetBackend(uint32(i), Backend{MAC: backMACs[i], Alive: true}); err != nil {
 			b.Fatal(err)
@@ -383,13 +364,7 @@ func (k *katranRig) resetBudgets(tb testing.TB, spent bool) {
 		count = 1 << 40
 	}
 	k.kt.setNewConnRate(tb, count)
-	per := make([]lbInsertBudget, possibleCPUs(tb))
-	for i := range per {
-		per[i] = lbInsertBudget{Window: monotonic(tb, unix.CLOCK_MONOTONIC_COARSE), Used: count}
-	}
-	if err := k.ours.objs.InsertBudget.Put(uint32(0), per); err != nil {
-		tb.Fatalf("writing the insert budget: %v", err)
-	}
+	setInsertBudget(tb, k.ours, count)
 }
 
 // newFlow returns frame in with new 5-tuple number c written in: source 198.18.x.y port p,
@@ -419,7 +394,7 @@ func (k *katranRig) makeArms(b *testing.B) []*katranArm {
 
 	// What each program must answer for a frame (its source and port given).
 	oursOut := func(in []byte, src netip.Addr, sport uint16) []byte {
-		slot := k.table[fnv1a(flowHashInput(src, vip, sport, 80, 6, false))%uint32(len(k.table))]
+		slot := k.table[flowHash(src, vip, sport, 80, 6, false)%uint32(len(k.table))]
 		out := append([]byte(nil), in...)
 		copy(out[0:6], backMACs[slot])
 		copy(out[6:12], lbMAC)
@@ -589,7 +564,6 @@ func (k *katranRig) oursAfter(grew string, still ...string) func(testing.TB, any
 // katranCounts are the Katran counters the arms check.
 type katranCounts struct {
 	lru, lruMiss, fallback, pass katranStat
-	lruEntries                   int
 }
 
 func (k *katranRig) ktCounts(tb testing.TB) any {

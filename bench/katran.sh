@@ -66,7 +66,7 @@ echo "Katran ($rev, $(basename "$src")) beside stickylb, BPF_PROG_RUN ns/packet,
 echo "load average $load0 at the start, $load1 at the end; $(nproc) CPUs"
 awk '
 	$1 ~ /^BenchmarkKatran\/round=/ {
-		split($1, p, "/"); mode = p[3]; path = p[4]; impl = p[5]; sub(/-[0-9]+$/, "", impl)
+		split($1, part, "/"); mode = part[3]; path = part[4]; impl = part[5]; sub(/-[0-9]+$/, "", impl)
 		sub(/^mode=/, "", mode); sub(/^path=/, "", path); sub(/^impl=/, "", impl)
 		for (i = 2; i <= NF; i++) if ($i == "ns/packet") { k = mode SUBSEP path SUBSEP impl; v[k, ++n[k]] = $(i-1) }
 	}

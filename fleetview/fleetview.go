@@ -534,8 +534,13 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 					return fmt.Errorf("endpoint %s: mac %q is not a 6-byte MAC", b.Address, b.MAC)
 				}
 			}
-			if b.Weight == 0 {
+			// The pools file's bounds: a weight the file could not hold is refused, not
+			// wrapped by a tier's arithmetic (the forwarder scales weights by 100).
+			switch {
+			case b.Weight == 0:
 				b.Weight = pools.DefaultWeight
+			case b.Weight > pools.MaxWeight:
+				return fmt.Errorf("endpoint %s: weight %d out of range 1..%d", b.Address, b.Weight, pools.MaxWeight)
 			}
 			if seen[b.Identity()] {
 				return fmt.Errorf("endpoint %d: backend %s listed twice", i, b.Identity())

@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -160,8 +161,19 @@ func (f *fields) service(name string) *pools.Service {
 	if f.boolean("health_checked") {
 		s.HealthCheck = &pools.HealthCheck{}
 	}
+	for i, z := range s.DrainedZones {
+		if !pools.ValidZone(z) {
+			f.fail("drained_zones[%d] %q: want %s", i, z, zoneRule)
+		}
+	}
 	return s
 }
+
+// The pools file's rules for the names a view carries, as its errors say them.
+var (
+	zoneRule    = fmt.Sprintf("letters, digits, '.', '_' and '-', at most %d of them", pools.MaxZoneLength)
+	hashKeyRule = fmt.Sprintf("1..%d printable characters without spaces", pools.MaxHashKeyLength)
+)
 
 func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verdict) *endpointv3.ClusterLoadAssignment {
 	le := &endpointv3.LocalityLbEndpoints{}
@@ -244,9 +256,15 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 func decodeView(clusters, assignments map[string]proto.Message, readCluster func(*clusterv3.Cluster) (*pools.Service, error)) (*View, error) {
 	v := &View{File: &pools.File{Filename: "xds"}, Verdicts: map[string]Verdict{}}
 	for _, name := range slices.Sorted(maps.Keys(clusters)) {
+		if !pools.ValidName(name) {
+			return nil, fmt.Errorf("cluster %s: the name of a pools file's service is %d lowercase letters, digits and '-' at most", clip(name), pools.MaxNameLength)
+		}
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {
 			return nil, fmt.Errorf("cluster %s: a %T, not a Cluster", name, clusters[name])
+		}
+		if c.GetName() != name {
+			return nil, fmt.Errorf("cluster %s: named %s inside", name, clip(c.GetName()))
 		}
 		s, err := readCluster(c)
 		if err != nil {
@@ -317,7 +335,40 @@ func (f *fields) str(key string, required bool) string {
 		f.fail("%s: not a string", key)
 		return ""
 	}
-	return s.StringValue
+	return f.bounded(key, s.StringValue)
+}
+
+// maxString bounds every string of a view's metadata: none is longer than the longest a
+// pools file holds (a hash_key), so a hostile view costs no more than a real one where it
+// is kept, logged or saved.
+const maxString = pools.MaxHashKeyLength
+
+// bounded returns v, or "" and an error when it is longer than maxString.
+func (f *fields) bounded(key, v string) string {
+	if len(v) > maxString {
+		f.fail("%s: %d bytes, over the %d a view's string may hold", key, len(v), maxString)
+		return ""
+	}
+	return v
+}
+
+// name reads an optional string held to valid (a pools-file rule); what names the rule in
+// the error.
+func (f *fields) name(key string, valid func(string) bool, what string) string {
+	v := f.str(key, false)
+	if v != "" && !valid(v) {
+		f.fail("%s %q: want %s", key, v, what)
+		return ""
+	}
+	return v
+}
+
+// clip quotes s for an error, at most 64 bytes of it: an untrusted name stays short.
+func clip(s string) string {
+	if len(s) <= 64 {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:64], len(s))
 }
 
 // uint reads a whole number in [0, max].
@@ -390,7 +441,7 @@ func (f *fields) strings(key string) []string {
 			f.fail("%s[%d]: not a string", key, i)
 			return nil
 		}
-		out = append(out, s.StringValue)
+		out = append(out, f.bounded(fmt.Sprintf("%s[%d]", key, i), s.StringValue))
 	}
 	return out
 }
@@ -504,8 +555,9 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			if err != nil {
 				return fmt.Errorf("endpoint %d: %w", i, err)
 			}
-			b := &pools.Backend{Address: f.str("address", false), MAC: f.str("mac", false), HashKey: f.str("hash_key", false),
-				Zone: f.str("zone", false), Drain: f.boolean("drain"), Weight: e.GetLoadBalancingWeight().GetValue()}
+			b := &pools.Backend{Address: f.str("address", false), MAC: f.str("mac", false),
+				HashKey: f.name("hash_key", pools.ValidHashKey, hashKeyRule), Zone: f.name("zone", pools.ValidZone, zoneRule),
+				Drain: f.boolean("drain"), Weight: e.GetLoadBalancingWeight().GetValue()}
 			if s.ZoneDrained(b.Zone) {
 				// Drained by its zone, the last resort, unless the backend drains itself.
 				b.Drain = f.boolean("backend_drain")
@@ -522,7 +574,7 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			if b.Address == "" {
 				a, err := netip.ParseAddr(sa.GetAddress())
 				if err != nil {
-					return fmt.Errorf("endpoint %d: address %q: %w", i, sa.GetAddress(), err)
+					return fmt.Errorf("endpoint %d: address %s: not an IP address", i, clip(sa.GetAddress()))
 				}
 				b.Address = netip.AddrPortFrom(a, uint16(sa.GetPortValue())).String()
 			}

@@ -23,7 +23,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -65,6 +64,19 @@ type View struct {
 	File *pools.File
 	// Verdicts are keyed by Key(service, identity); a backend not listed is Unknown.
 	Verdicts map[string]Verdict
+	// Waiting are the services whose cluster arrived without its endpoints, by name. Decode
+	// leaves them out of File; an Assembler puts back the last good state of those that had
+	// one (Kept) and says since when each waits.
+	Waiting []Waiting
+}
+
+// Waiting is a service whose endpoints have not arrived.
+type Waiting struct {
+	Service string
+	// Since is when the node first saw the cluster without its endpoints (zero from Decode).
+	Since time.Time
+	// Kept: the node serves the service's last good state; else it serves nothing of it.
+	Kept bool
 }
 
 // Key is the Verdicts key of a backend of a service.
@@ -238,14 +250,16 @@ func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verd
 	return &endpointv3.ClusterLoadAssignment{ClusterName: s.Name, Endpoints: []*endpointv3.LocalityLbEndpoints{le}}
 }
 
-// ErrIncomplete says a cluster's ClusterLoadAssignment has not arrived yet: the node waits
-// for it (CDS and EDS come as separate responses).
+// ErrIncomplete says a cluster's ClusterLoadAssignment has not arrived yet (CDS and EDS
+// come as separate responses, and a broken control plane may never send one).
 var ErrIncomplete = errors.New("fleetview: a cluster's endpoints have not arrived")
 
 // Decode reads the view from clusters and load assignments by name (as an ADS client hands
-// them over). A load assignment without a cluster is ignored; a cluster without one gives
-// ErrIncomplete. Anything a forwarder cannot take (an unknown affinity mode, a balance
-// other than maglev, a malformed field) is an error naming the resource and the field.
+// them over). A load assignment without a cluster is ignored. Clusters without one give
+// ErrIncomplete together with the view of the others, which names them in Waiting. Anything
+// a forwarder cannot take (an unknown affinity mode, a balance other than maglev, a
+// malformed field, a name or a number the pools file could not hold) is an error naming
+// the resource and the field, and no view.
 func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 	return decodeView(clusters, assignments, decodeCluster)
 }
@@ -275,17 +289,24 @@ func decodeView(clusters, assignments map[string]proto.Message, readCluster func
 	if err := v.attachEndpoints(assignments); err != nil {
 		return nil, err
 	}
+	if len(v.Waiting) > 0 {
+		names := make([]string, len(v.Waiting))
+		for i, w := range v.Waiting {
+			names[i] = w.Service
+		}
+		return v, fmt.Errorf("clusters %v: %w", names, ErrIncomplete)
+	}
 	return v, nil
 }
 
-// attachEndpoints decodes the load assignment of each of v's services (both halves of a view
-// must be there: a service without one is ErrIncomplete).
+// attachEndpoints decodes the load assignment of each of v's services; the services
+// without one leave File for Waiting.
 func (v *View) attachEndpoints(assignments map[string]proto.Message) error {
-	var incomplete []string
+	complete := v.File.Services[:0:0]
 	for _, s := range v.File.Services {
 		m, ok := assignments[s.Name]
 		if !ok {
-			incomplete = append(incomplete, s.Name)
+			v.Waiting = append(v.Waiting, Waiting{Service: s.Name})
 			continue
 		}
 		cla, ok := m.(*endpointv3.ClusterLoadAssignment)
@@ -295,10 +316,9 @@ func (v *View) attachEndpoints(assignments map[string]proto.Message) error {
 		if err := decodeEndpoints(s, cla, v.Verdicts); err != nil {
 			return fmt.Errorf("endpoints %s: %w", s.Name, err)
 		}
+		complete = append(complete, s)
 	}
-	if len(incomplete) > 0 {
-		return fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
-	}
+	v.File.Services = complete
 	return nil
 }
 
@@ -632,66 +652,4 @@ func parseState(s string) (health.State, error) {
 		return health.Unhealthy, nil
 	}
 	return health.Unknown, fmt.Errorf("%q: want healthy, unhealthy or unknown", s)
-}
-
-// Assembler joins the two halves of the view as an ADS client delivers them (clusters and
-// load assignments come in separate responses) and applies each complete view. Its
-// Clusters and Endpoints methods are the handlers of the two subscriptions: a half that
-// does not decode, or a view Apply refuses, is returned as the error to NACK with, and the
-// half last accepted stays; a half waiting for the other (a new cluster whose endpoints
-// have not come) is accepted without applying anything.
-type Assembler struct {
-	// Apply installs a complete view; an error rejects it (the node keeps what it had).
-	Apply func(*View) error
-	// Decode reads a complete view; nil means Decode (the XDP view), DecodeCaddy for Caddy.
-	Decode func(clusters, assignments map[string]proto.Message) (*View, error)
-
-	mu                  sync.Mutex
-	clusters, endpoints map[string]proto.Message
-}
-
-// Clusters is the handler of the Cluster subscription.
-func (a *Assembler) Clusters(_ string, res map[string]proto.Message) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.try(res, a.endpoints); err != nil {
-		return err
-	}
-	a.clusters = res
-	if a.clusters == nil {
-		a.clusters = map[string]proto.Message{} // received, and empty
-	}
-	return nil
-}
-
-// Endpoints is the handler of the ClusterLoadAssignment subscription.
-func (a *Assembler) Endpoints(_ string, res map[string]proto.Message) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.clusters == nil {
-		// No clusters yet: endpoints alone say nothing (decoding them would be an empty
-		// view, which would remove every VIP a restarted node adopted).
-		a.endpoints = res
-		return nil
-	}
-	if err := a.try(a.clusters, res); err != nil {
-		return err
-	}
-	a.endpoints = res
-	return nil
-}
-
-func (a *Assembler) try(cs, es map[string]proto.Message) error {
-	decode := a.Decode
-	if decode == nil {
-		decode = Decode
-	}
-	v, err := decode(cs, es)
-	if errors.Is(err, ErrIncomplete) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return a.Apply(v)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,13 @@ type XDSUpstreams struct {
 	CA   string `json:"ca,omitempty"`
 	Cert string `json:"cert,omitempty"`
 	Key  string `json:"key,omitempty"`
+	// AllowLoopback admits backends on loopback addresses, for demos and tests on one host.
+	// Without it they are left out, as link-local and unspecified addresses always are,
+	// and this Caddy's own listeners (its admin API first) are left out either way.
+	AllowLoopback bool `json:"allow_loopback,omitempty"`
+	// MaxMessageSize bounds one response from the control plane, in bytes (default 16 MiB,
+	// about 60,000 endpoints): a larger one ends the stream before it is read.
+	MaxMessageSize int `json:"max_message_size,omitempty"`
 
 	sub    *xdsSub
 	subKey string
@@ -92,11 +100,15 @@ func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
 		}
 		x.NodeID = host + "/caddy"
 	}
-	cfg := adsclient.Config{Server: x.Server, NodeID: x.NodeID, Zone: x.Zone,
+	if x.MaxMessageSize == 0 {
+		x.MaxMessageSize = defaultXDSMaxMessage
+	}
+	cfg := adsclient.Config{Server: x.Server, NodeID: x.NodeID, Zone: x.Zone, MaxMessageBytes: x.MaxMessageSize,
 		UserAgentName: fleetview.UserAgentCaddy, TLS: adsclient.TLS{CAFile: x.CA, CertFile: x.Cert, KeyFile: x.Key}}
-	// The key holds everything the connection depends on: a reload that changes the zone or
-	// the TLS files starts a new subscription, one that changes nothing keeps the old one.
-	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s", cfg.Server, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key)
+	// The key holds everything the connection depends on: a reload that changes the zone,
+	// the TLS files or the message bound starts a new subscription, one that changes
+	// nothing keeps the old one.
+	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s|%d", cfg.Server, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key, cfg.MaxMessageBytes)
 	v, _, err := subPool.LoadOrNew(x.subKey, func() (caddy.Destructor, error) {
 		return startXDSSub(cfg, x.subKey, filepath.Join(caddy.AppDataDir(), "stickylb", "xds", viewFileName(cfg.Server, cfg.NodeID)),
 			caddy.Log().Named("stickylb_xds"))
@@ -126,6 +138,9 @@ func (x *XDSUpstreams) Validate() error {
 	if (x.Cert == "") != (x.Key == "") {
 		return errors.New("stickylb_xds: cert and key go together")
 	}
+	if x.MaxMessageSize < 0 {
+		return errors.New("stickylb_xds: max_message_size must be positive")
+	}
 	return nil
 }
 
@@ -151,7 +166,7 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 		if svc == nil {
 			return nil, fmt.Errorf("stickylb_xds: service %q is not in the view from %s (an http or grpc service of the pools file)", x.Service, x.Server)
 		}
-		p = &xdsPick{view: v, dials: svc.pick(x.Zone)}
+		p = &xdsPick{view: v, dials: x.admitted(x.Service, svc).pick(x.Zone)}
 		x.picks.Store(p)
 	}
 	// One backing array for the values: two allocations per call whatever the pool's size.
@@ -174,7 +189,11 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 //		ca      FILE
 //		cert    FILE
 //		key     FILE
+//		allow_loopback
+//		max_message_size SIZE
 //	}
+//
+// SIZE is a number of bytes, or one with a unit: 16MiB, 512KiB, 20MB.
 func (x *XDSUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the source's name
 	if d.NextArg() {
@@ -183,6 +202,25 @@ func (x *XDSUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		var dst *string
 		switch d.Val() {
+		case "allow_loopback":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			x.AllowLoopback = true
+			continue
+		case "max_message_size":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := parseByteSize(d.Val())
+			if err != nil {
+				return d.Errf("stickylb_xds: max_message_size: %v", err)
+			}
+			x.MaxMessageSize = n
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			continue
 		case "server":
 			dst = &x.Server
 		case "service":
@@ -325,6 +363,8 @@ type xdsSub struct {
 	// key names this subscription's view in xdsTable.
 	key  string
 	view atomic.Pointer[xdsView]
+	// refusals are the backends of the view its sources leave out (logged once each).
+	refusals fleetview.Refusals
 }
 
 // viewFileName names the saved view of a server and node.
@@ -348,6 +388,9 @@ func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsS
 		return nil, err
 	}
 	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
+	if cfg.TLS.CAFile == "" && cfg.TLS.CertFile == "" && cfg.TLS.KeyFile == "" {
+		log.Warn("the stream to the control plane has no TLS: whoever can reach it, or the path to it, can feed this node backends; set ca (and cert, key)")
+	}
 	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
 		server: cfg.Server, node: cfg.NodeID, key: key}
 	s.load(cfg)
@@ -398,6 +441,11 @@ func (s *xdsSub) apply(v *fleetview.View) error {
 	}
 	s.install(xv)
 	s.save(xv)
+	// A refusal whose backend left the view is forgotten: if it comes back, it is logged again.
+	s.refusals.Keep(func(r fleetview.Refused) bool {
+		svc := xv.Services[r.Service]
+		return svc != nil && slices.ContainsFunc(svc.Backends, func(b xdsBackend) bool { return b.Dial == r.Address })
+	})
 	s.log.Info("applied an xDS view", zap.Int("services", len(xv.Services)))
 	return nil
 }

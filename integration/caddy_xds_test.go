@@ -92,6 +92,7 @@ http://127.0.0.1:%d {
 			server  %s
 			service api
 			node_id it/caddy
+			allow_loopback
 		}
 		lb_policy sticky_cookie {
 			secret {env.STICKYLB_SECRET}

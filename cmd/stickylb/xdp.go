@@ -27,7 +27,7 @@ const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
-  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
+  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]] [--allow-loopback]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
                                                    the view from a control plane (stickylb xds)
@@ -58,6 +58,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
 	fs.StringVar(&xn.cert, "xds-cert", "", "client certificate (PEM) for mTLS")
 	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
+	fs.BoolVar(&xn.allowLoopback, "allow-loopback", false, "with --xds, forward to backends on loopback addresses (demos, tests); left out otherwise, as link-local and unspecified ones always are")
 	var nat natFlags
 	nat.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -67,8 +68,8 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
 		return 2
 	}
-	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
-		fmt.Fprint(stderr, "stickylb xdp: --node-id and --xds-* go with --xds\n")
+	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "" || xn.allowLoopback) {
+		fmt.Fprint(stderr, "stickylb xdp: --node-id, --allow-loopback and --xds-* go with --xds\n")
 		return 2
 	}
 	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||
@@ -141,7 +142,7 @@ func xdpCmd(args []string, stdout, stderr io.Writer) int {
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, log), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, nil, log), ReadHeaderTimeout: 5 * time.Second}
 		go hs.ListenAndServe()
 		defer hs.Close()
 	}

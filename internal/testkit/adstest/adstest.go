@@ -43,7 +43,18 @@ func (oneNode) ID(*corev3.Node) string { return "" }
 // Start serves on a free loopback port until the test ends.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	s := &Server{cache: cachev3.NewSnapshotCache(false, oneNode{}, nil), acks: map[string]string{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("adstest: listening: %v", err)
+	}
+	return Serve(tb, ln)
+}
+
+// Serve serves on ln (one a test opened in a network namespace of its own, say) until the
+// test ends.
+func Serve(tb testing.TB, ln net.Listener) *Server {
+	tb.Helper()
+	s := &Server{Addr: ln.Addr().String(), cache: cachev3.NewSnapshotCache(false, oneNode{}, nil), acks: map[string]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	xs := serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
 		StreamOpenFunc: func(context.Context, int64, string) error {
@@ -63,12 +74,6 @@ func Start(tb testing.TB) *Server {
 			return nil
 		},
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		cancel()
-		tb.Fatalf("adstest: listening: %v", err)
-	}
-	s.Addr = ln.Addr().String()
 	g := grpc.NewServer()
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, xs)
 	go func() { _ = g.Serve(ln) }()

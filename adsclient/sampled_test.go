@@ -29,9 +29,9 @@ func TestSampled(t *testing.T) {
 	if len(all) != 2 || all[1].ContextMap()["n"] != int64(199) || all[1].ContextMap()["skipped"] != int64(198) {
 		t.Fatalf("after the interval: %v, want the latest line (n 199) standing for 198 skipped", all)
 	}
-	s.mu.Lock()
-	s.last = s.last.Add(-s.Every) // a quiet interval
-	s.mu.Unlock()
+	s.p.mu.Lock()
+	s.p.last = s.p.last.Add(-s.Every) // a quiet interval
+	s.p.mu.Unlock()
 	s.Info("applied", zap.Int("n", 200))
 	if logs.Len() != 3 {
 		t.Fatalf("after a quiet interval: %d lines, want the new one at once", logs.Len())

@@ -365,6 +365,11 @@ type xdsSub struct {
 	view atomic.Pointer[xdsView]
 	// refusals are the backends of the view its sources leave out (logged once each).
 	refusals fleetview.Refusals
+	// asm joins the view's halves; it knows which services wait for their endpoints.
+	asm *fleetview.Assembler
+
+	pacedOnce sync.Once
+	pacing    xdsPacing
 }
 
 // viewFileName names the saved view of a server and node.
@@ -394,7 +399,8 @@ func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsS
 	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
 		server: cfg.Server, node: cfg.NodeID, key: key}
 	s.load(cfg)
-	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: s.apply}
+	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: s.apply, Waited: s.waited}
+	s.asm = a
 	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
 		return nil, err
 	}
@@ -446,7 +452,7 @@ func (s *xdsSub) apply(v *fleetview.View) error {
 		svc := xv.Services[r.Service]
 		return svc != nil && slices.ContainsFunc(svc.Backends, func(b xdsBackend) bool { return b.Dial == r.Address })
 	})
-	s.log.Info("applied an xDS view", zap.Int("services", len(xv.Services)))
+	s.paced().applied.Info("applied an xDS view", zap.Int("services", len(xv.Services)))
 	return nil
 }
 
@@ -455,9 +461,13 @@ func (s *xdsSub) install(v *xdsView) {
 	xdsTable.set(s.key, v)
 }
 
-// save writes the view atomically (a temporary file renamed); a failure is logged, not
+// save writes the view to the file, at once or, within a second of the last write, when
+// the second is over (the latest view then): see paced.
+func (s *xdsSub) save(v *xdsView) { s.paced().saves.Put(v) }
+
+// write writes the view atomically (a temporary file renamed); a failure is logged, not
 // NACKed: the view itself is fine.
-func (s *xdsSub) save(v *xdsView) {
+func (s *xdsSub) write(v *xdsView) {
 	b, err := json.Marshal(savedView{Server: s.server, NodeID: s.node, Saved: time.Now().UTC(), View: v})
 	if err == nil {
 		err = os.MkdirAll(filepath.Dir(s.path), 0o700)
@@ -473,10 +483,14 @@ func (s *xdsSub) save(v *xdsView) {
 	}
 }
 
-// Destruct stops the subscription when no config uses it.
+// Destruct stops the subscription when no config uses it; the last view applied is on
+// disk when it returns.
 func (s *xdsSub) Destruct() error {
 	s.cancel()
 	err := s.client.Close()
+	p := s.paced()
+	p.saves.Stop()
+	p.applied.Stop()
 	xdsTable.set(s.key, nil)
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
 )
@@ -152,7 +153,7 @@ func (tp *topo) reaches(ns string, n int) (map[string]int, error) {
 func TestFleetXDPNodes(t *testing.T) {
 	tp, bin, poolsFile := startXDPTest(t, newFleetTopo)
 	cpAddr := fleetHosts["cp"] + ":18000"
-	servers := map[string]*echoServer{}
+	servers := map[string]*loopback.Server{}
 	nodes := map[string]*loaderProc{}
 	startCP := func() *loaderProc {
 		return tp.startProc("cp", "serving xDS", bin, "xds", "--pools", poolsFile, "--listen", cpAddr, "--poll", "100ms",
@@ -288,7 +289,7 @@ func TestFleetXDPNodes(t *testing.T) {
 	// unhealthy_threshold + timeout, plus the push slack, plus the 20 ms polls of this check.
 	tp.phase("a backend killed", func(t *testing.T) {
 		killed := time.Now()
-		servers["b1"].kill()
+		servers["b1"].Close()
 		bound := fleetInterval*fleetUnhealthy + fleetTimeout + pushSlack
 		// 48 connections in a row missing b1 while it holds a third of a table: (2/3)^48 < 1e-8.
 		for _, cl := range []string{"cl", "cl2"} {

@@ -8,9 +8,10 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 )
 
 // The NAT rig: newTopo's network (one backend, b1, is enough) plus a router namespace "rt"
@@ -68,130 +69,69 @@ func newNATTopo(t *testing.T) *topo {
 	return tp
 }
 
-// patternAt is byte i of every stream a whoServer sends: it changes with the offset, so a
+// patternAt is byte i of every stream a who server (serveWho) sends: it changes with the offset, so a
 // lost, repeated or reordered segment shows as a wrong byte.
 func patternAt(i int64) byte { return byte(i ^ i>>8 ^ i>>16 ^ i>>24) }
 
-// whoServer answers each TCP connection with "NAME REMOTE\n", the peer's address as the
-// backend sees it, then serves "get N\n" requests with the next N bytes of the connection's
-// pattern stream, and takes "put N\n" and the next N bytes of the client's, checks them and
-// answers "ok TOTAL\n". Its UDP socket answers each datagram with "NAME REMOTE DATAGRAM".
-type whoServer struct {
-	name  string
-	mu    sync.Mutex
-	lns   []net.Listener
-	pcs   []net.PacketConn
-	conns []net.Conn
-}
-
-// serveWho starts a whoServer in namespace h on the TCP ports tcp (every address) and UDP
-// ports udp; it is closed when the test ends.
-func (tp *topo) serveWho(h string, tcp []int, udp []int) *whoServer {
+// serveWho starts a who server in namespace h on the TCP ports tcp (every address) and UDP
+// ports udp; it is closed when the test ends. It answers each TCP connection with "NAME
+// REMOTE\n", the peer's address as the backend sees it, then serves "get N\n" requests with
+// the next N bytes of the connection's pattern stream, and takes "put N\n" and the next N
+// bytes of the client's, checks them and answers "ok TOTAL\n". Its UDP sockets answer each
+// datagram with "NAME REMOTE DATAGRAM".
+func (tp *topo) serveWho(h string, tcp []int, udp []int) *loopback.Server {
 	tp.t.Helper()
-	s := &whoServer{name: h}
-	tp.inNS(h, func() {
-		for _, p := range tcp {
-			ln, err := net.Listen("tcp", ":"+strconv.Itoa(p))
-			if err != nil {
-				tp.t.Fatal(err)
-			}
-			s.lns = append(s.lns, ln)
-		}
-		for _, p := range udp {
-			pc, err := net.ListenPacket("udp", ":"+strconv.Itoa(p))
-			if err != nil {
-				tp.t.Fatal(err)
-			}
-			s.pcs = append(s.pcs, pc)
-		}
-	})
-	for _, ln := range s.lns {
-		go s.accept(ln)
+	var pcs []string
+	for _, p := range udp {
+		pcs = append(pcs, ":"+strconv.Itoa(p))
 	}
-	for _, pc := range s.pcs {
-		go func(pc net.PacketConn) {
-			buf := make([]byte, 1500)
-			for {
-				n, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				pc.WriteTo(fmt.Appendf(nil, "%s %s %s", s.name, from, buf[:n]), from)
-			}
-		}(pc)
-	}
-	tp.root.Cleanup(s.close)
-	return s
+	return tp.serveIn(h, tcp, func(c net.Conn) { serveWhoConn(h, c) }, pcs,
+		func(from net.Addr, d []byte) []byte { return fmt.Appendf(nil, "%s %s %s", h, from, d) })
 }
 
-func (s *whoServer) accept(ln net.Listener) {
+// serveWhoConn is serveWho's side of one TCP connection, as backend name.
+func serveWhoConn(name string, c net.Conn) {
+	w := bufio.NewWriterSize(c, 64<<10)
+	fmt.Fprintf(w, "%s %s\n", name, c.RemoteAddr())
+	w.Flush()
+	r := bufio.NewReader(c)
+	var off, up int64 // the offsets of the stream sent and of the one received
 	for {
-		c, err := ln.Accept()
+		line, err := r.ReadString('\n')
 		if err != nil {
 			return
 		}
-		s.mu.Lock()
-		s.conns = append(s.conns, c)
-		s.mu.Unlock()
-		go func() {
-			defer c.Close()
-			w := bufio.NewWriterSize(c, 64<<10)
-			fmt.Fprintf(w, "%s %s\n", s.name, c.RemoteAddr())
-			w.Flush()
-			r := bufio.NewReader(c)
-			var off, up int64 // the offsets of the stream sent and of the one received
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
+		verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+		n, err := strconv.ParseInt(arg, 10, 64)
+		if err != nil || n < 0 || n > 64<<20 {
+			return
+		}
+		switch verb {
+		case "get":
+			for end := off + n; off < end; off++ {
+				w.WriteByte(patternAt(off))
+			}
+		case "put":
+			for end := up + n; up < end; up++ {
+				if b, err := r.ReadByte(); err != nil {
 					return
-				}
-				verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
-				n, err := strconv.ParseInt(arg, 10, 64)
-				if err != nil || n < 0 || n > 64<<20 {
-					return
-				}
-				switch verb {
-				case "get":
-					for end := off + n; off < end; off++ {
-						w.WriteByte(patternAt(off))
-					}
-				case "put":
-					for end := up + n; up < end; up++ {
-						if b, err := r.ReadByte(); err != nil {
-							return
-						} else if b != patternAt(up) {
-							fmt.Fprintf(w, "bad byte %d\n", up)
-							w.Flush()
-							return
-						}
-					}
-					fmt.Fprintf(w, "ok %d\n", up)
-				default:
-					return
-				}
-				if w.Flush() != nil {
+				} else if b != patternAt(up) {
+					fmt.Fprintf(w, "bad byte %d\n", up)
+					w.Flush()
 					return
 				}
 			}
-		}()
+			fmt.Fprintf(w, "ok %d\n", up)
+		default:
+			return
+		}
+		if w.Flush() != nil {
+			return
+		}
 	}
 }
 
-func (s *whoServer) close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, ln := range s.lns {
-		ln.Close()
-	}
-	for _, pc := range s.pcs {
-		pc.Close()
-	}
-	for _, c := range s.conns {
-		c.Close()
-	}
-}
-
-// whoConn is a client connection to a whoServer through the VIP.
+// whoConn is a client connection to a who server (serveWho) through the VIP.
 type whoConn struct {
 	c       net.Conn
 	r       *bufio.Reader

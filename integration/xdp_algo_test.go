@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
 )
@@ -78,7 +79,7 @@ func (tp *topo) openN(n int, keep bool) ([]*vconn, map[string]int) {
 
 func TestXDPAlgorithms(t *testing.T) {
 	tp, bin, poolsFile := startXDPTest(t, newTopo)
-	servers := map[string]*echoServer{}
+	servers := map[string]*loopback.Server{}
 	var lp *loaderProc
 	restart := func(content string, extra ...string) {
 		if lp != nil {
@@ -156,7 +157,7 @@ func TestXDPAlgorithms(t *testing.T) {
 		if _, seen := tp.openN(40, false); seen["b1"] != 40 {
 			t.Fatalf("a node of zone a sent new flows to %v; want all 40 on b1 (zone a)", seen)
 		}
-		servers["b1"].kill()
+		servers["b1"].Close()
 		// Detection: interval x unhealthy_threshold + timeout = 1.5 s; slack to 10 s.
 		tp.eventually("zone b takes new flows once zone a is down", 10*time.Second, func() bool {
 			c, err := tp.dial(vip4 + ":80")
@@ -220,7 +221,7 @@ func TestXDPAlgorithms(t *testing.T) {
 	tp.phase("slow start after a recovery", func(t *testing.T) {
 		hc := "    slow_start: {window: 6s}\n    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n"
 		restart(algoService("    balance: weighted_round_robin\n"+hc, "b1:1", "b2:1"))
-		servers["b2"].kill()
+		servers["b2"].Close()
 		tp.eventually("b2 found down", 10*time.Second, func() bool { ok, _ := tp.noneReach("b2", 10); return ok })
 		servers["b2"] = tp.serve("b2", 80)
 		tp.eventually("b2 back", 10*time.Second, func() bool {

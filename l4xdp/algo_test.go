@@ -72,52 +72,50 @@ func contains(s []int, v int) bool {
 	return false
 }
 
-func TestFixtureWRR(t *testing.T) {
-	onOneCPU(t)
-	fx := setup(t)
+// wrrFixture: a VIP of weights 3 (slot 0) and 1 (slot 2), whose smooth WRR schedule is a a
+// b a, on one CPU.
+func wrrFixture(t *testing.T, fx *fixture) packetScenario {
 	const port = 8080
-	// Weights 3 (slot 0) and 1 (slot 2): smooth WRR yields a a b a.
 	seq := []int{0, 0, 2, 0}
 	v := VIP{ID: 5, Addr: netip.AddrPortFrom(vip4, port), Proto: 6, Flags: FlagWRR, Table: fx.table,
 		Schedule: []uint32{0, 0, 2, 0}, Pool: []uint32{0, 2}}
-	if err := fx.f.SetVIP(v); err != nil {
-		t.Fatal(err)
-	}
-	setWeights(t, fx.f, map[uint32]uint32{0: 300, 2: 100})
-	syn := func(sport uint16, want int, what string) {
-		t.Helper()
-		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, port, "S", nil, nil))
-		check(t, what, ret, out, xdpTX, tcp4(t, client4, vip4, sport, port, "S", nil, backMACs[want]))
-	}
-	syn(5000, seq[0], "first SYN")
-	syn(5001, seq[1], "second SYN")
-	// A retransmitted SYN follows its entry and takes no turn of the schedule.
-	syn(5000, seq[0], "retransmitted SYN")
-	syn(5002, seq[2], "third SYN (after a retransmission)")
-	syn(5003, seq[3], "fourth SYN")
-	for i := 0; i < 8; i++ {
-		syn(uint16(5100+i), seq[i%4], fmt.Sprintf("SYN %d of the second round", i))
-	}
-	// 3 + 1 + 6 + 2 connections; the retransmission counts no second time.
-	if a0, a2 := activeOf(t, fx.f, 0), activeOf(t, fx.f, 2); a0 != 9 || a2 != 3 {
-		t.Fatalf("active: slot 0 %d (want 9), slot 2 %d (want 3)", a0, a2)
-	}
-	c := pathCounts(t, fx.f)
-	if c["wrr"] != 12 {
-		t.Fatalf("wrr picks %d, want 12: %v", c["wrr"], c)
+	syn := func(sport uint16, want int, what string) packetCase {
+		return tx(what, tcp4(t, client4, vip4, sport, port, "S", nil, nil), tcp4(t, client4, vip4, sport, port, "S", nil, backMACs[want]))
 	}
 	// A non-SYN miss (a flow that started on another node) goes by the Maglev table, where
 	// the schedule would have sent it elsewhere (slot 0 is next).
-	sport := uint16(6000 + discriminating(t, func(i int) bool {
+	mid := uint16(6000 + discriminating(t, func(i int) bool {
 		return fx.expect(flowHashInput(client4, vip4, uint16(6000+i), port, 6, false)) != seq[0]
 	}))
-	b := fx.expect(flowHashInput(client4, vip4, sport, port, 6, false))
-	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, port, "A", nil, nil))
-	check(t, "mid-stream ACK", ret, out, xdpTX, tcp4(t, client4, vip4, sport, port, "A", nil, backMACs[b]))
-	if c := pathCounts(t, fx.f); c["midstream"] != 1 || c["wrr"] != 12 {
-		t.Fatalf("mid-stream miss: %v", c)
-	}
-	syn(5200, seq[0], "the schedule did not move for the mid-stream flow")
+	midB := fx.expect(flowHashInput(client4, vip4, mid, port, 6, false))
+	return packetScenario{name: "weighted round robin", rig: drRigOnOneCPU, cases: cat(
+		[]packetCase{
+			step("VIP 5, WRR over slots 0 and 2, weights 300 and 100", func(t *testing.T, r *packetRig) {
+				setVIP(v)(t, r)
+				setWeights(t, r.f, map[uint32]uint32{0: 300, 2: 100})
+			}),
+			syn(5000, seq[0], "first SYN"),
+			syn(5001, seq[1], "second SYN"),
+			// A retransmitted SYN follows its entry and takes no turn of the schedule.
+			syn(5000, seq[0], "retransmitted SYN"),
+			syn(5002, seq[2], "third SYN (after a retransmission)"),
+			syn(5003, seq[3], "fourth SYN"),
+		},
+		each(0, 8, func(i int) []packetCase {
+			return []packetCase{syn(uint16(5100+i), seq[i%4], fmt.Sprintf("SYN %d of the second round", i))}
+		}),
+		[]packetCase{
+			// 3 + 1 + 6 + 2 connections; the retransmission counts no second time.
+			then("active connections", func(t *testing.T, r *packetRig) {
+				if a0, a2 := activeOf(t, r.f, 0), activeOf(t, r.f, 2); a0 != 9 || a2 != 3 {
+					t.Fatalf("active: slot 0 %d (want 9), slot 2 %d (want 3)", a0, a2)
+				}
+			}),
+			counts(map[string]uint64{"wrr": 12}),
+			tx("mid-stream ACK", tcp4(t, client4, vip4, mid, port, "A", nil, nil), tcp4(t, client4, vip4, mid, port, "A", nil, backMACs[midB])),
+			counts(map[string]uint64{"midstream": 1, "wrr": 12}),
+			syn(5200, seq[0], "the schedule did not move for the mid-stream flow"),
+		})}
 }
 
 // wlcModel is the pick the program documents: the first candidate is the CPU's next

@@ -6,10 +6,13 @@ package l4xdp
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -45,6 +48,8 @@ type Config struct {
 	Zone string
 	// NAT is where NAT flows leave from (`--nat-source`, `--nat-ports`).
 	NAT NAT
+	// Served, when set, hears the VIP addresses served after each apply (see ServedFunc).
+	Served ServedFunc
 }
 
 // NAT configures the translation of flows to backends reached by NAT: each such flow
@@ -70,9 +75,21 @@ const (
 // NAT scratch space.
 var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch"}
 
-// pinned maps: the state a restarted loader adopts.
-var pinnedMaps = []string{"vips", "vip_addrs", "maglev", "backends", "conns", "server_ids", "path_stats", "vip_stats",
-	"backend_stats", "vip_names", "backend_names", "schedules", "wlc_pools", "weights", "active", "backend_zones", "nat_rev", "nat_reserved"}
+// pinnedMaps are the program's other maps, the state a restarted loader adopts: every map of
+// the generated bindings but the transient ones, so a map added to the program is pinned
+// with no edit here.
+var pinnedMaps = slices.DeleteFunc(slices.Sorted(maps.Keys(mapsByName(&lbMaps{}))),
+	func(name string) bool { return slices.Contains(transientMaps, name) })
+
+// mapsByName lists m's maps by their names in the object (bpf2go's ebpf struct tags).
+func mapsByName(m *lbMaps) map[string]*ebpf.Map {
+	v := reflect.ValueOf(m).Elem()
+	out := make(map[string]*ebpf.Map, v.NumField())
+	for i := range v.NumField() {
+		out[v.Type().Field(i).Tag.Get("ebpf")] = v.Field(i).Interface().(*ebpf.Map)
+	}
+	return out
+}
 
 func (c Config) pinDir() string {
 	root := c.PinRoot
@@ -103,8 +120,8 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, err
 	}
 	repl, fresh := l.adoptable(spec)
-	fw := &Tables{}
-	if err := spec.LoadAndAssign(&fw.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+	tables := &Tables{}
+	if err := spec.LoadAndAssign(&tables.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		for _, m := range repl {
 			m.Close()
 		}
@@ -116,43 +133,43 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	for _, m := range repl { // LoadAndAssign holds its own references
 		m.Close()
 	}
-	l.fw = fw
-	if err := fw.configure(cfg.Tables, cfg.NAT); err != nil {
-		fw.Close()
+	l.maps = tables
+	if err := tables.configure(cfg.Tables, cfg.NAT); err != nil {
+		tables.Close()
 		return nil, err
 	}
 
 	if err := l.restore(); err != nil {
-		fw.Close()
+		tables.Close()
 		return nil, err
 	}
 	for _, name := range fresh {
 		path := filepath.Join(l.dir, name)
 		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-			fw.Close()
+			tables.Close()
 			return nil, fmt.Errorf("removing the old pinned map %s: %w", name, err)
 		}
-		if err := mapByName(fw, name).Pin(path); err != nil {
-			fw.Close()
+		if err := mapsByName(&tables.objs.lbMaps)[name].Pin(path); err != nil {
+			tables.Close()
 			return nil, fmt.Errorf("pinning map %s: %w", name, err)
 		}
 	}
 	// After the pinning: what is reserved is recorded in the pinned state, for Detach.
 	if err := l.reservePorts(); err != nil {
-		fw.Close()
+		tables.Close()
 		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
 	}
 	if err := l.enableForwarding(); err != nil {
-		fw.Close()
+		tables.Close()
 		return nil, err
 	}
 	adopted := len(fresh) < len(pinnedMaps)
 	linkPath := filepath.Join(l.dir, "link")
 	if old, err := link.LoadPinnedLink(linkPath, nil); err == nil {
 		// A previous loader's link: swap our program in, atomically, under the same maps.
-		if err := old.Update(fw.Program()); err != nil {
+		if err := old.Update(tables.Program()); err != nil {
 			old.Close()
-			fw.Close()
+			tables.Close()
 			return nil, fmt.Errorf("updating the pinned XDP link on %s: %w", cfg.Iface, err)
 		}
 		l.lnk = old
@@ -163,14 +180,14 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	if cfg.Mode == ModeGeneric {
 		flags = link.XDPGenericMode
 	}
-	lnk, err := link.AttachXDP(link.XDPOptions{Program: fw.Program(), Interface: ifc.Index, Flags: flags})
+	lnk, err := link.AttachXDP(link.XDPOptions{Program: tables.Program(), Interface: ifc.Index, Flags: flags})
 	if err != nil {
-		fw.Close()
+		tables.Close()
 		return nil, fmt.Errorf("attaching XDP (%s mode) to %s: %w", cfg.Mode, cfg.Iface, err)
 	}
 	if err := lnk.Pin(linkPath); err != nil {
 		lnk.Close()
-		fw.Close()
+		tables.Close()
 		return nil, fmt.Errorf("pinning the XDP link: %w", err)
 	}
 	l.lnk = lnk
@@ -203,22 +220,13 @@ func (l *Loader) adoptable(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, []s
 	return repl, fresh
 }
 
-func mapByName(fw *Tables, name string) *ebpf.Map {
-	m := fw.objs.lbMaps
-	return map[string]*ebpf.Map{"vips": m.Vips, "vip_addrs": m.VipAddrs, "maglev": m.Maglev, "backends": m.Backends,
-		"conns": m.Conns, "server_ids": m.ServerIds, "path_stats": m.PathStats, "vip_stats": m.VipStats, "backend_stats": m.BackendStats,
-		"vip_names": m.VipNames, "backend_names": m.BackendNames, "schedules": m.Schedules, "wlc_pools": m.WlcPools,
-		"weights": m.Weights, "active": m.Active, "backend_zones": m.BackendZones, "nat_rev": m.NatRev,
-		"nat_reserved": m.NatReserved}[name]
-}
-
 // Close stops the health checkers and releases this process's handles. The link and maps
 // stay pinned, so the program keeps forwarding until Detach.
 func (l *Loader) Close() error {
 	l.health.Stop() // not under l.mu: a transition being handled takes it
 	l.stopMaintenance()
 	err := l.lnk.Close()
-	return errors.Join(err, l.fw.Close())
+	return errors.Join(err, l.maps.Close())
 }
 
 // Detach removes the program and the pinned state of iface.

@@ -11,7 +11,9 @@ import (
 // later packet cannot subtract them a second time.
 func TestRecount(t *testing.T) {
 	fx := setup(t)
-	v := VIP{ID: 9, Addr: netip.AddrPortFrom(vip4, 9090), Proto: 6, Table: fx.table, IdleTimeout: time.Second}
+	// The live entries must stay within the timeout while the test writes them all and
+	// recounts: a second was not enough under -race on a loaded machine.
+	v := VIP{ID: 9, Addr: netip.AddrPortFrom(vip4, 9090), Proto: 6, Table: fx.table, IdleTimeout: time.Minute}
 	if err := fx.f.SetVIP(v); err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +24,7 @@ func TestRecount(t *testing.T) {
 			Sport: htons(1000), Dport: htons(9090)}
 		c := lbConn{Backend: uint16(i % 2), VipId: 9, Flags: connCounted, LastSeen: now}
 		if i >= live {
-			c.LastSeen = now - 5e9 // idle 5 s, past the 1 s timeout
+			c.LastSeen = now - uint64(2*time.Minute) // idle 2 min, past the timeout
 		}
 		if err := fx.f.objs.Conns.Put(k, c); err != nil {
 			t.Fatal(err)

@@ -17,9 +17,10 @@ import (
 )
 
 // Packet fixtures through BPF_PROG_RUN, in the manner of Katran's tester: input bytes ->
-// expected action and output bytes. Expected outputs are built with gopacket from the
-// expected backend, which the test computes from policies' Maglev table and the hash the
-// program documents (FNV-1a over the flow bytes), never captured from the program.
+// expected action and output bytes (the table and its runner: packet_fixtures_test.go).
+// Expected outputs are built with gopacket from the expected backend, which the test
+// computes from policies' Maglev table and the hash the program documents (FNV-1a over the
+// flow bytes), never captured from the program.
 
 var (
 	lbMAC     = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xaa}
@@ -36,6 +37,9 @@ const (
 	xdpPass = 2
 	xdpTX   = 3
 )
+
+// fixtureHosts are the fixtures' backends as Maglev sees them: backend i in slot i.
+var fixtureHosts = []chash.Host{{ID: "10.0.1.1:80", Weight: 1}, {ID: "10.0.1.2:80", Weight: 1}, {ID: "10.0.1.3:80", Weight: 2}}
 
 type fixture struct {
 	f     *Tables
@@ -54,15 +58,7 @@ func setupWith(t testing.TB, o Options) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	hosts := []chash.Host{{ID: "10.0.1.1:80", Weight: 1}, {ID: "10.0.1.2:80", Weight: 1}, {ID: "10.0.1.3:80", Weight: 2}}
-	m, err := chash.NewMaglev(hosts, 65537)
-	if err != nil {
-		t.Fatal(err)
-	}
-	table := make([]uint32, len(m.Table()))
-	for i, h := range m.Table() {
-		table[i] = uint32(h)
-	}
+	table := maglevSlots(t, fixtureHosts...)
 	for i, mac := range backMACs {
 		if err := f.SetBackend(uint32(i), Backend{MAC: mac, Alive: true}); err != nil {
 			t.Fatal(err)
@@ -101,6 +97,18 @@ func discriminating(t testing.TB, differ func(i int) bool) int {
 	}
 	t.Fatal("no discriminating fixture input in 100 tries")
 	return 0
+}
+
+// client6Where is the first of 100 IPv6 clients next to client6 (client6 itself first) for
+// which differ holds (see discriminating).
+func client6Where(t testing.TB, differ func(src netip.Addr) bool) netip.Addr {
+	t.Helper()
+	at := func(i int) netip.Addr {
+		a := client6.As16()
+		a[15] += byte(i)
+		return netip.AddrFrom16(a)
+	}
+	return at(discriminating(t, func(i int) bool { return differ(at(i)) }))
 }
 
 func serialize(t testing.TB, ls ...gopacket.SerializableLayer) []byte {
@@ -151,148 +159,6 @@ func check(t *testing.T, name string, gotRet uint32, got []byte, wantRet uint32,
 	}
 }
 
-func TestFixtureTCP5Tuple(t *testing.T) {
-	fx := setup(t)
-	seen := map[int]bool{}
-	for sport := uint16(40000); sport < 40040; sport++ {
-		in := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
-		b := fx.expect(flowHashInput(client4, vip4, sport, 80, 6, false))
-		ret, out := run(t, fx.f.Program(), in)
-		check(t, fmt.Sprintf("syn from port %d", sport), ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "S", nil, backMACs[b]))
-		seen[b] = true
-		// The next packet of the flow hits the connection table, same backend.
-		ret, out = run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "A", nil, nil))
-		check(t, "ack", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, backMACs[b]))
-	}
-	if len(seen) != 3 {
-		t.Fatalf("40 flows reached %d backends; 5-tuple hashing should spread them", len(seen))
-	}
-	c := pathCounts(t, fx.f)
-	if c["conn_hit"] != 40 || c["conn_miss"] != 40 || c["forward"] != 80 {
-		t.Fatalf("counters: %v", c)
-	}
-}
-
-func TestFixtureNotForVIP(t *testing.T) {
-	fx := setup(t)
-	for name, in := range map[string][]byte{
-		"other address": tcp4(t, client4, netip.MustParseAddr("10.0.0.101"), 1000, 80, "S", nil, nil),
-		"other port":    tcp4(t, client4, vip4, 1000, 81, "S", nil, nil),
-		"arp":           serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeARP), &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4, Operation: 1, SourceHwAddress: clientMAC, SourceProtAddress: client4.AsSlice(), DstHwAddress: make([]byte, 6), DstProtAddress: vip4.AsSlice()}),
-		"icmp echo":     serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeIPv4), &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: client4.AsSlice(), DstIP: vip4.AsSlice()}, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0)}),
-	} {
-		ret, out := run(t, fx.f.Program(), in)
-		check(t, name, ret, out, xdpPass, in)
-	}
-}
-
-func TestFixtureIPOptions(t *testing.T) {
-	fx := setup(t)
-	opts := []layers.IPv4Option{{OptionType: 7, OptionLength: 7, OptionData: []byte{4, 0, 0, 0, 0}}, {OptionType: 0, OptionLength: 1}} // record route + end
-	in := tcp4(t, client4, vip4, 5555, 80, "S", opts, nil)
-	if in[14]&0x0f <= 5 {
-		t.Fatal("fixture has no IP options")
-	}
-	b := fx.expect(flowHashInput(client4, vip4, 5555, 80, 6, false))
-	ret, out := run(t, fx.f.Program(), in)
-	check(t, "options", ret, out, xdpTX, tcp4(t, client4, vip4, 5555, 80, "S", opts, backMACs[b]))
-}
-
-// fragments: every fragment, the first too, goes by (src, dst, proto).
-func TestFixtureFragments(t *testing.T) {
-	fx := setup(t)
-	b := fx.expect(flowHashInput(client4, vip4, 0, 0, 6, false))
-	if b == fx.expect(flowHashInput(client4, vip4, 7777, 80, 6, false)) {
-		t.Fatal("fixture does not tell fragment hashing from 5-tuple hashing")
-	}
-	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, payload []byte) []byte {
-		e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv4)
-		if mac != nil {
-			e = eth(mac, lbMAC, layers.EthernetTypeIPv4)
-		}
-		return serialize(t, e, &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: client4.AsSlice(), DstIP: vip4.AsSlice(), Flags: flags, FragOffset: off, Id: 99}, gopacket.Payload(payload))
-	}
-	tcpHdr := tcp4(t, client4, vip4, 7777, 80, "A", nil, nil)[34:]
-	first := frag(layers.IPv4MoreFragments, 0, nil, tcpHdr)
-	ret, out := run(t, fx.f.Program(), first)
-	check(t, "first fragment", ret, out, xdpTX, frag(layers.IPv4MoreFragments, 0, backMACs[b], tcpHdr))
-	later := frag(0, 3, nil, []byte("rest of the datagram"))
-	ret, out = run(t, fx.f.Program(), later)
-	check(t, "last fragment", ret, out, xdpTX, frag(0, 3, backMACs[b], []byte("rest of the datagram")))
-	// A fragment for an address that is no VIP passes.
-	other := serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeIPv4), &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: client4.AsSlice(), DstIP: []byte{10, 9, 9, 9}, Flags: layers.IPv4MoreFragments, Id: 1}, gopacket.Payload(tcpHdr))
-	ret, out = run(t, fx.f.Program(), other)
-	check(t, "fragment not for a VIP", ret, out, xdpPass, other)
-}
-
-// An ICMP error about a flow (the quoted packet is the backend's reply, VIP -> client)
-// follows the flow.
-func TestFixtureICMPErrorFollowsFlow(t *testing.T) {
-	fx := setup(t)
-	// Establish the flow; the ICMP error about it must go where the flow went, which is not
-	// where its quoted header, unswapped, would hash.
-	sport := 6000 + uint16(discriminating(t, func(i int) bool {
-		p := 6000 + uint16(i)
-		return fx.expect(flowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(flowHashInput(vip4, client4, 80, p, 6, false))
-	}))
-	syn := tcp4(t, client4, vip4, sport, 80, "S", nil, nil)
-	ret, out := run(t, fx.f.Program(), syn)
-	if ret != xdpTX {
-		t.Fatalf("syn: %d", ret)
-	}
-	flowMAC := net.HardwareAddr(out[0:6])
-	quoted := tcp4(t, vip4, client4, 80, sport, "A", nil, nil)[14:42] // IP header + 8 bytes
-	build := func(dst, src net.HardwareAddr) []byte {
-		return serialize(t, eth(dst, src, layers.EthernetTypeIPv4),
-			&layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: []byte{198, 51, 100, 1}, DstIP: vip4.AsSlice()},
-			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(3, 4)}, gopacket.Payload(quoted))
-	}
-	ret, out = run(t, fx.f.Program(), build(lbMAC, clientMAC))
-	check(t, "icmp frag-needed", ret, out, xdpTX, build(flowMAC, lbMAC))
-	c := pathCounts(t, fx.f)
-	if c["icmp_error"] != 1 {
-		t.Fatalf("counters: %v", c)
-	}
-}
-
-func TestFixtureMalformed(t *testing.T) {
-	fx := setup(t)
-	full := tcp4(t, client4, vip4, 1234, 80, "S", nil, nil)
-	ret, _ := run(t, fx.f.Program(), full[:14+20+10]) // TCP header cut short, to a VIP
-	if ret != xdpDrop {
-		t.Fatalf("truncated TCP to a VIP: %d, want drop", ret)
-	}
-	short := full[:14+12] // IP header cut short: the stack decides
-	ret, out := run(t, fx.f.Program(), short)
-	check(t, "truncated ip", ret, out, xdpPass, short)
-	bad := append([]byte(nil), full...)
-	bad[14] = 0x43 // IHL 3
-	ret, _ = run(t, fx.f.Program(), bad)
-	if ret != xdpDrop {
-		t.Fatalf("ihl < 5: %d, want drop", ret)
-	}
-	c := pathCounts(t, fx.f)
-	if c["malformed"] != 3 {
-		t.Fatalf("counters: %v", c)
-	}
-}
-
-func TestFixtureRST(t *testing.T) {
-	fx := setup(t)
-	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "S", nil, nil))
-	b := fx.expect(flowHashInput(client4, vip4, 2222, 80, 6, false))
-	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 2222, 80, "R", nil, nil))
-	check(t, "rst", ret, out, xdpTX, tcp4(t, client4, vip4, 2222, 80, "R", nil, backMACs[b]))
-	var key lbFlow
-	key.Src, key.Dst, key.Proto = client4.As16(), vip4.As16(), 6
-	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&key.Sport))[:], 2222)
-	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&key.Dport))[:], 80)
-	var c lbConn
-	if err := fx.f.objs.Conns.Lookup(&key, &c); err == nil {
-		t.Fatal("the flow is still in the connection table after RST")
-	}
-}
-
 func tcp6(t testing.TB, src netip.Addr, sport uint16, mac net.HardwareAddr) []byte {
 	e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)
 	if mac != nil {
@@ -302,15 +168,6 @@ func tcp6(t testing.TB, src netip.Addr, sport uint16, mac net.HardwareAddr) []by
 	tc := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: 80, SYN: true, Window: 100}
 	tc.SetNetworkLayerForChecksum(ip)
 	return serialize(t, e, ip, tc)
-}
-
-func TestFixtureIPv6SourceIP(t *testing.T) {
-	fx := setup(t)
-	b := fx.expect(flowHashInput(client6, vip6, 0, 0, 6, true))
-	for sport := uint16(1000); sport < 1010; sport++ {
-		ret, out := run(t, fx.f.Program(), tcp6(t, client6, sport, nil))
-		check(t, "v6 source_ip", ret, out, xdpTX, tcp6(t, client6, sport, backMACs[b]))
-	}
 }
 
 func quic(t testing.TB, dcid []byte, long bool, mac net.HardwareAddr) []byte {
@@ -330,60 +187,6 @@ func quic(t testing.TB, dcid []byte, long bool, mac net.HardwareAddr) []byte {
 	return serialize(t, e, ip, u, gopacket.Payload(append(p, "quic payload"...)))
 }
 
-func TestFixtureQUIC(t *testing.T) {
-	fx := setup(t)
-	known := []byte{0x01, 0x00, 0x02, 9, 9, 9, 9, 9} // server_id 2 -> backend 1
-	ret, out := run(t, fx.f.Program(), quic(t, known, false, nil))
-	check(t, "short header, known server_id", ret, out, xdpTX, quic(t, known, false, backMACs[1]))
-	fx.f.objs.Conns.Delete(func() *lbFlow { // forget the flow so the next case decides anew
-		var k lbFlow
-		k.Src, k.Dst, k.Proto = client4.As16(), vip4.As16(), 17
-		binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Sport))[:], 50000)
-		binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Dport))[:], 443)
-		return &k
-	}())
-	initial := []byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4} // client-chosen: unknown id, hash the DCID
-	b := fx.expect(initial)
-	ret, out = run(t, fx.f.Program(), quic(t, initial, true, nil))
-	check(t, "initial, client-chosen DCID", ret, out, xdpTX, quic(t, initial, true, backMACs[b]))
-}
-
-// TestFixtureTableSwapKeepsFlows: a new table (a backend drained or added) moves no
-// established flow; new flows follow the new table.
-func TestFixtureTableSwapKeepsFlows(t *testing.T) {
-	fx := setup(t)
-	var macs []net.HardwareAddr
-	for sport := uint16(3000); sport < 3020; sport++ {
-		_, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "S", nil, nil))
-		macs = append(macs, append(net.HardwareAddr(nil), out[0:6]...))
-	}
-	only2 := make([]uint32, len(fx.table))
-	for i := range only2 {
-		only2[i] = 2 // every new flow to backend 2 (0 and 1 draining: alive, out of the table)
-	}
-	if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: only2}); err != nil {
-		t.Fatal(err)
-	}
-	for i, sport := 0, uint16(3000); sport < 3020; i, sport = i+1, sport+1 {
-		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "A", nil, nil))
-		check(t, "established after the swap", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, macs[i]))
-	}
-	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 9999, 80, "S", nil, nil))
-	check(t, "new flow after the swap", ret, out, xdpTX, tcp4(t, client4, vip4, 9999, 80, "S", nil, backMACs[2]))
-	// A backend that leaves the pool (not alive): its flows re-pick from the table.
-	if err := fx.f.SetBackend(0, Backend{MAC: backMACs[0], Alive: false}); err != nil {
-		t.Fatal(err)
-	}
-	for i, sport := 0, uint16(3000); sport < 3020; i, sport = i+1, sport+1 {
-		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "A", nil, nil))
-		want := macs[i]
-		if bytes.Equal(macs[i], backMACs[0]) {
-			want = backMACs[2]
-		}
-		check(t, "after backend 0 left", ret, out, xdpTX, tcp4(t, client4, vip4, sport, 80, "A", nil, want))
-	}
-}
-
 // frag6 builds an IPv6 fragment to vip6 (the fragment header by hand: gopacket does not
 // serialize it); mac nil: as the client sends it, else as the LB sends it to that backend.
 func frag6(t testing.TB, src netip.Addr, proto layers.IPProtocol, offset uint16, more bool, payload []byte, mac net.HardwareAddr) []byte {
@@ -401,137 +204,246 @@ func frag6(t testing.TB, src netip.Addr, proto layers.IPProtocol, offset uint16,
 	return serialize(t, e, ip, gopacket.Payload(append(fh, payload...)))
 }
 
-// IPv6 fragments, the first too, go by (src, dst, proto) among the VIP address's backends
-// (vip6's UDP VIP hashes the 5-tuple): its unfragmented datagrams may go elsewhere, as for
-// IPv4. (A source_ip VIP's fragments hash by the source: hardening_test.go.)
-func TestFixtureIPv6Fragments(t *testing.T) {
-	fx := setup(t)
-	udp := layers.IPProtocolUDP
-	// A client whose fragments hash elsewhere than its flow does.
-	src := client6
-	discriminating(t, func(i int) bool {
-		a := client6.As16()
-		a[15] += byte(i)
-		src = netip.AddrFrom16(a)
-		return fx.expect(flowHashInput(src, vip6, 0, 0, 17, false)) != fx.expect(flowHashInput(src, vip6, 7000, 53, 17, false))
-	})
-	b := fx.expect(flowHashInput(src, vip6, 0, 0, 17, false))
-	udpHdr := []byte{0x1b, 0x58, 0, 53, 0, 40, 0, 0} // 7000 -> 53, length 40, no checksum
-	first := frag6(t, src, udp, 0, true, udpHdr, nil)
-	ret, out := run(t, fx.f.Program(), first)
-	check(t, "v6 first fragment", ret, out, xdpTX, frag6(t, src, udp, 0, true, udpHdr, backMACs[b]))
-	rest := []byte("the rest of it, 8-byte units")
-	ret, out = run(t, fx.f.Program(), frag6(t, src, udp, 1, false, rest, nil))
-	check(t, "v6 last fragment", ret, out, xdpTX, frag6(t, src, udp, 1, false, rest, backMACs[b]))
-	c := pathCounts(t, fx.f)
-	if c["fragment"] != 2 {
-		t.Fatalf("counters: %v", c)
+// each is the cases fn gives for every i in [lo, hi), in order.
+func each(lo, hi int, fn func(i int) []packetCase) []packetCase {
+	var out []packetCase
+	for i := lo; i < hi; i++ {
+		out = append(out, fn(i)...)
 	}
-	short := first[:14+40+4] // fragment header cut short: the stack decides
-	ret, out = run(t, fx.f.Program(), short)
-	check(t, "v6 truncated fragment header", ret, out, xdpPass, short)
+	return out
 }
 
-// An ICMPv6 error about a flow (packet too big for the backend's reply, VIP -> client, sent
-// by a router to the VIP) goes where the flow went; informational ICMPv6 passes.
-func TestFixtureICMPv6ErrorFollowsFlow(t *testing.T) {
-	fx := setup(t)
+// cat joins case lists.
+func cat(lists ...[]packetCase) []packetCase {
+	var out []packetCase
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// drFixtures are the DR forwarder's packet fixtures, on setup's backends and VIPs: 1 vip4:80
+// TCP 5-tuple, 2 vip6:80 TCP source_ip, 3 vip4:443 UDP QUIC, 4 vip6:53 UDP 5-tuple. Every
+// expected backend comes from policies' Maglev table and the hash the program documents.
+func drFixtures(t *testing.T) []packetScenario {
+	fx := &fixture{table: maglevSlots(t, fixtureHosts...)}
+	size := len(fx.table)
+	tcpTo := func(sport uint16, flags string, mac net.HardwareAddr) []byte {
+		return tcp4(t, client4, vip4, sport, 80, flags, nil, mac)
+	}
+	// tcpVia is a client4 -> vip4:80 TCP packet in, out to the backend its 5-tuple hashes to.
+	tcpVia := func(name string, sport uint16, flags string) packetCase {
+		return tx(name, tcpTo(sport, flags, nil), tcpTo(sport, flags, backMACs[fx.expect(flowHashInput(client4, vip4, sport, 80, 6, false))]))
+	}
+	// tcpToB is a client4 -> vip4:80 TCP packet in, out to backend b.
+	tcpToB := func(name string, sport uint16, flags string, b int) packetCase {
+		return tx(name, tcpTo(sport, flags, nil), tcpTo(sport, flags, backMACs[b]))
+	}
+	vip1 := func(table []uint32) VIP {
+		return VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: table}
+	}
+
+	// 5-tuple hashing spreads 40 flows over the three backends.
+	spread := map[int]bool{}
+	for sport := 40000; sport < 40040; sport++ {
+		spread[fx.expect(flowHashInput(client4, vip4, uint16(sport), 80, 6, false))] = true
+	}
+	if len(spread) != 3 {
+		t.Fatalf("40 flows hash to %d backends; the fixture needs 5-tuple hashing to spread them", len(spread))
+	}
+	ipOpts := []layers.IPv4Option{{OptionType: 7, OptionLength: 7, OptionData: []byte{4, 0, 0, 0, 0}}, {OptionType: 0, OptionLength: 1}} // record route + end
+	if in := tcp4(t, client4, vip4, 5555, 80, "S", ipOpts, nil); in[14]&0x0f <= 5 {
+		t.Fatal("fixture has no IP options")
+	}
+
+	// IPv4 fragments: every fragment, the first too, goes by (src, dst, proto).
+	fragB := fx.expect(flowHashInput(client4, vip4, 0, 0, 6, false))
+	if fragB == fx.expect(flowHashInput(client4, vip4, 7777, 80, 6, false)) {
+		t.Fatal("fixture does not tell fragment hashing from 5-tuple hashing")
+	}
+	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, dst netip.Addr, payload []byte) []byte {
+		e := eth(lbMAC, clientMAC, layers.EthernetTypeIPv4)
+		if mac != nil {
+			e = eth(mac, lbMAC, layers.EthernetTypeIPv4)
+		}
+		return serialize(t, e, &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: client4.AsSlice(), DstIP: dst.AsSlice(), Flags: flags, FragOffset: off, Id: 99}, gopacket.Payload(payload))
+	}
+	fragTCP := tcpTo(7777, "A", nil)[34:]
+	rest := []byte("rest of the datagram")
+	noVIP := netip.AddrFrom4([4]byte{10, 9, 9, 9})
+
+	// An ICMP error about a flow goes where the flow went, which is not where its quoted
+	// header, unswapped, would hash.
+	icmpPort := 6000 + uint16(discriminating(t, func(i int) bool {
+		p := 6000 + uint16(i)
+		return fx.expect(flowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(flowHashInput(vip4, client4, 80, p, 6, false))
+	}))
+	icmpFlowMAC := backMACs[fx.expect(flowHashInput(client4, vip4, icmpPort, 80, 6, false))]
+	icmpAbout := func(sport uint16, dst, src net.HardwareAddr) []byte {
+		quoted := tcp4(t, vip4, client4, 80, sport, "A", nil, nil)[14:42] // IP header + 8 bytes
+		return serialize(t, eth(dst, src, layers.EthernetTypeIPv4),
+			&layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: []byte{198, 51, 100, 1}, DstIP: vip4.AsSlice()},
+			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(3, 4)}, gopacket.Payload(quoted))
+	}
+
+	full := tcpTo(1234, "S", nil)
+	ihl3 := append([]byte(nil), full...)
+	ihl3[14] = 0x43 // IHL 3
+
+	quicKnown := []byte{0x01, 0x00, 0x02, 9, 9, 9, 9, 9}      // server_id 2 -> backend 1
+	quicInitial := []byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4} // client-chosen: unknown id, hash the DCID
+
+	// IPv6 fragments go by (src, dst, proto) among the VIP address's backends (vip6's UDP
+	// VIP hashes the 5-tuple): a client whose fragments hash elsewhere than its flow does.
+	frag6Src := client6Where(t, func(src netip.Addr) bool {
+		return fx.expect(flowHashInput(src, vip6, 0, 0, 17, false)) != fx.expect(flowHashInput(src, vip6, 7000, 53, 17, false))
+	})
+	frag6B := fx.expect(flowHashInput(frag6Src, vip6, 0, 0, 17, false))
+	udpHdr := []byte{0x1b, 0x58, 0, 53, 0, 40, 0, 0} // 7000 -> 53, length 40, no checksum
+	frag6Rest := []byte("the rest of it, 8-byte units")
+	frag6First := frag6(t, frag6Src, layers.IPProtocolUDP, 0, true, udpHdr, nil)
+
+	// ICMPv6: a packet too big about the backend's reply of a flow (VIP -> client, sent by a
+	// router to the VIP) goes where the flow went; informational ICMPv6 passes.
 	udp6 := func(src, dst netip.Addr, sport, dport uint16, e *layers.Ethernet) []byte {
 		ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
 		u := &layers.UDP{SrcPort: layers.UDPPort(sport), DstPort: layers.UDPPort(dport)}
 		u.SetNetworkLayerForChecksum(ip)
 		return serialize(t, e, ip, u, gopacket.Payload("query"))
 	}
-	// The flow, client -> vip6:53 (UDP, 5-tuple); its quoted reply, unswapped, would hash to
-	// another backend.
 	if fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(flowHashInput(vip6, client6, 53, 5353, 17, false)) {
 		t.Fatal("fixture does not tell the swapped inner header from the unswapped one")
 	}
-	ret, out := run(t, fx.f.Program(), udp6(client6, vip6, 5353, 53, eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)))
-	if ret != xdpTX {
-		t.Fatalf("udp flow: %d", ret)
-	}
-	flowMAC := net.HardwareAddr(out[0:6])
-	if want := backMACs[fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false))]; !bytes.Equal(flowMAC, want) {
-		t.Fatalf("flow went to %s, want %s", flowMAC, want)
-	}
-	reply := udp6(vip6, client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
+	v6FlowMAC := backMACs[fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false))]
 	router := netip.MustParseAddr("2001:db8:ffff::1")
-	icmp := func(typ, code uint8, body []byte, dst, src net.HardwareAddr) []byte {
+	icmp6 := func(typ, code uint8, body []byte, dst, src net.HardwareAddr) []byte {
 		ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolICMPv6, SrcIP: router.AsSlice(), DstIP: vip6.AsSlice()}
 		ic := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(typ, code)}
 		ic.SetNetworkLayerForChecksum(ip)
 		return serialize(t, eth(dst, src, layers.EthernetTypeIPv6), ip, ic, gopacket.Payload(body))
 	}
-	tooBig := append([]byte{0, 0, 0x05, 0x00}, reply[:40+8]...) // MTU 1280, quoted header + 8 bytes
-	ret, out = run(t, fx.f.Program(), icmp(2, 0, tooBig, lbMAC, clientMAC))
-	check(t, "icmpv6 packet too big", ret, out, xdpTX, icmp(2, 0, tooBig, flowMAC, lbMAC))
+	reply6 := udp6(vip6, client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
+	tooBig := append([]byte{0, 0, 0x05, 0x00}, reply6[:40+8]...) // MTU 1280, quoted header + 8 bytes
 	// Quoting a packet of no VIP flow (another source port's reply is still the VIP's: use
 	// another address), and an echo request: the stack's.
-	other := udp6(netip.MustParseAddr("2001:db8::999"), client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
-	notOurs := icmp(1, 4, append([]byte{0, 0, 0, 0}, other[:48]...), lbMAC, clientMAC)
-	ret, out = run(t, fx.f.Program(), notOurs)
-	check(t, "icmpv6 error about no VIP flow", ret, out, xdpPass, notOurs)
-	echo := icmp(128, 0, []byte{0, 1, 0, 1, 'p', 'i', 'n', 'g'}, lbMAC, clientMAC)
-	ret, out = run(t, fx.f.Program(), echo)
-	check(t, "icmpv6 echo request", ret, out, xdpPass, echo)
-	c := pathCounts(t, fx.f)
-	if c["icmp_error"] != 1 {
-		t.Fatalf("counters: %v", c)
-	}
-}
+	other6 := udp6(netip.MustParseAddr("2001:db8::999"), client6, 53, 5353, eth(clientMAC, lbMAC, layers.EthernetTypeIPv6))[14:]
+	notOurs6 := icmp6(1, 4, append([]byte{0, 0, 0, 0}, other6[:48]...), lbMAC, clientMAC)
+	echo6 := icmp6(128, 0, []byte{0, 1, 0, 1, 'p', 'i', 'n', 'g'}, lbMAC, clientMAC)
 
-// A backend with an interface of its own gets its frames by redirect (XDP_REDIRECT), MACs
-// rewritten as for XDP_TX. Under BPF_PROG_RUN the redirect is reported, not done.
-func TestFixtureRedirectToBackendInterface(t *testing.T) {
-	fx := setup(t)
-	b := fx.expect(flowHashInput(client4, vip4, 4444, 80, 6, false))
-	if err := fx.f.SetBackend(uint32(b), Backend{MAC: backMACs[b], Ifindex: 1, Alive: true}); err != nil {
-		t.Fatal(err)
-	}
-	const xdpRedirect = 4
-	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 4444, 80, "S", nil, nil))
-	check(t, "redirect", ret, out, xdpRedirect, tcp4(t, client4, vip4, 4444, 80, "S", nil, backMACs[b]))
-}
+	redirB := fx.expect(flowHashInput(client4, vip4, 4444, 80, 6, false))
+	finB := fx.expect(flowHashInput(client4, vip4, 2323, 80, 6, false))
+	synB := fx.expect(flowHashInput(client4, vip4, 3434, 80, 6, false))
+	synNext := (synB + 1) % len(backMACs)
 
-// A FIN keeps the flow: the rest of the close (the client's last ACK) must reach the same
-// backend, even after a table change sent new flows elsewhere. Only RST forgets a flow.
-func TestFixtureFINKeepsFlow(t *testing.T) {
-	fx := setup(t)
-	b := fx.expect(flowHashInput(client4, vip4, 2323, 80, 6, false))
-	run(t, fx.f.Program(), tcp4(t, client4, vip4, 2323, 80, "S", nil, nil))
-	other := make([]uint32, len(fx.table))
-	for i := range other {
-		other[i] = uint32((b + 1) % len(backMACs))
-	}
-	if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: other}); err != nil {
-		t.Fatal(err)
-	}
-	for _, flags := range []string{"F", "A"} {
-		ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 2323, 80, flags, nil, nil))
-		check(t, "after FIN: "+flags, ret, out, xdpTX, tcp4(t, client4, vip4, 2323, 80, flags, nil, backMACs[b]))
-	}
-}
-
-// A SYN is a new connection: it picks from the table even when its 5-tuple has an entry (a
-// client reusing a port), so it never follows a stale entry to a backend that left the
-// table; the entry then follows the new connection.
-func TestFixtureSYNPicksFromTable(t *testing.T) {
-	fx := setup(t)
-	b := fx.expect(flowHashInput(client4, vip4, 3434, 80, 6, false))
-	run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "S", nil, nil))
-	next := (b + 1) % len(backMACs)
-	moved := make([]uint32, len(fx.table))
-	for i := range moved {
-		moved[i] = uint32(next) // b left the table (drained, or found dead)
-	}
-	if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: moved}); err != nil {
-		t.Fatal(err)
-	}
-	ret, out := run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "A", nil, nil))
-	check(t, "established", ret, out, xdpTX, tcp4(t, client4, vip4, 3434, 80, "A", nil, backMACs[b]))
-	ret, out = run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "S", nil, nil))
-	check(t, "new connection on the same 5-tuple", ret, out, xdpTX, tcp4(t, client4, vip4, 3434, 80, "S", nil, backMACs[next]))
-	ret, out = run(t, fx.f.Program(), tcp4(t, client4, vip4, 3434, 80, "A", nil, nil))
-	check(t, "its next packet", ret, out, xdpTX, tcp4(t, client4, vip4, 3434, 80, "A", nil, backMACs[next]))
+	return append([]packetScenario{
+		{name: "tcp 5-tuple", rig: drRig, cases: cat(
+			each(40000, 40040, func(i int) []packetCase {
+				sport := uint16(i)
+				// The next packet of the flow hits the connection table, same backend.
+				return []packetCase{tcpVia(fmt.Sprintf("syn from port %d", sport), sport, "S"), tcpVia("ack", sport, "A")}
+			}),
+			[]packetCase{counts(map[string]uint64{"conn_hit": 40, "conn_miss": 40, "forward": 80})})},
+		{name: "not for a VIP", rig: drRig, cases: []packetCase{
+			passes("other address", tcp4(t, client4, netip.MustParseAddr("10.0.0.101"), 1000, 80, "S", nil, nil)),
+			passes("other port", tcp4(t, client4, vip4, 1000, 81, "S", nil, nil)),
+			passes("arp", serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeARP), &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4, Operation: 1, SourceHwAddress: clientMAC, SourceProtAddress: client4.AsSlice(), DstHwAddress: make([]byte, 6), DstProtAddress: vip4.AsSlice()})),
+			passes("icmp echo", serialize(t, eth(lbMAC, clientMAC, layers.EthernetTypeIPv4), &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: client4.AsSlice(), DstIP: vip4.AsSlice()}, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0)})),
+		}},
+		{name: "ip options", rig: drRig, cases: []packetCase{
+			tx("options", tcp4(t, client4, vip4, 5555, 80, "S", ipOpts, nil),
+				tcp4(t, client4, vip4, 5555, 80, "S", ipOpts, backMACs[fx.expect(flowHashInput(client4, vip4, 5555, 80, 6, false))])),
+		}},
+		{name: "fragments", rig: drRig, cases: []packetCase{
+			tx("first fragment", frag(layers.IPv4MoreFragments, 0, nil, vip4, fragTCP), frag(layers.IPv4MoreFragments, 0, backMACs[fragB], vip4, fragTCP)),
+			tx("last fragment", frag(0, 3, nil, vip4, rest), frag(0, 3, backMACs[fragB], vip4, rest)),
+			passes("fragment not for a VIP", frag(layers.IPv4MoreFragments, 0, nil, noVIP, fragTCP)),
+		}},
+		{name: "icmp error follows its flow", rig: drRig, cases: []packetCase{
+			tcpVia("syn", icmpPort, "S"),
+			tx("icmp frag-needed", icmpAbout(icmpPort, lbMAC, clientMAC), icmpAbout(icmpPort, icmpFlowMAC, lbMAC)),
+			counts(map[string]uint64{"icmp_error": 1}),
+		}},
+		{name: "malformed", rig: drRig, cases: []packetCase{
+			drops("truncated TCP to a VIP", full[:14+20+10]),
+			passes("truncated ip: the stack decides", full[:14+12]),
+			drops("ihl < 5", ihl3),
+			counts(map[string]uint64{"malformed": 3}),
+		}},
+		{name: "rst", rig: drRig, cases: []packetCase{
+			tcpVia("syn", 2222, "S"),
+			tcpVia("rst", 2222, "R"),
+			then("the flow left the connection table", func(t *testing.T, r *packetRig) {
+				key := flowKey(client4, vip4, 2222, 80, 6)
+				var c lbConn
+				if err := r.f.objs.Conns.Lookup(&key, &c); err == nil {
+					t.Fatal("the flow is still in the connection table after RST")
+				}
+			}),
+		}},
+		{name: "ipv6 source_ip", rig: drRig, cases: each(1000, 1010, func(i int) []packetCase {
+			b := fx.expect(flowHashInput(client6, vip6, 0, 0, 6, true))
+			return []packetCase{tx("v6 source_ip", tcp6(t, client6, uint16(i), nil), tcp6(t, client6, uint16(i), backMACs[b]))}
+		})},
+		{name: "quic", rig: drRig, cases: []packetCase{
+			tx("short header, known server_id", quic(t, quicKnown, false, nil), quic(t, quicKnown, false, backMACs[1])),
+			step("forget the flow so the next case decides anew", forgetFlow(flowKey(client4, vip4, 50000, 443, 17))),
+			tx("initial, client-chosen DCID", quic(t, quicInitial, true, nil), quic(t, quicInitial, true, backMACs[fx.expect(quicInitial)])),
+		}},
+		// A new table (a backend drained or added) moves no established flow; new flows
+		// follow the new table. A backend that leaves the pool (not alive): its flows re-pick.
+		{name: "table swap keeps flows", rig: drRig, cases: cat(
+			each(3000, 3020, func(i int) []packetCase { return []packetCase{tcpVia("syn", uint16(i), "S")} }),
+			// Every new flow to backend 2 (0 and 1 draining: alive, out of the table).
+			[]packetCase{step("swap in a table of backend 2 alone", setVIP(vip1(fill(size, 2))))},
+			each(3000, 3020, func(i int) []packetCase { return []packetCase{tcpVia("established after the swap", uint16(i), "A")} }),
+			[]packetCase{
+				tcpToB("new flow after the swap", 9999, "S", 2),
+				step("backend 0 leaves", setBackend(0, Backend{MAC: backMACs[0], Alive: false})),
+			},
+			each(3000, 3020, func(i int) []packetCase {
+				b := fx.expect(flowHashInput(client4, vip4, uint16(i), 80, 6, false))
+				if b == 0 {
+					b = 2
+				}
+				return []packetCase{tcpToB("after backend 0 left", uint16(i), "A", b)}
+			}))},
+		{name: "ipv6 fragments", rig: drRig, cases: []packetCase{
+			tx("v6 first fragment", frag6First, frag6(t, frag6Src, layers.IPProtocolUDP, 0, true, udpHdr, backMACs[frag6B])),
+			tx("v6 last fragment", frag6(t, frag6Src, layers.IPProtocolUDP, 1, false, frag6Rest, nil), frag6(t, frag6Src, layers.IPProtocolUDP, 1, false, frag6Rest, backMACs[frag6B])),
+			counts(map[string]uint64{"fragment": 2}),
+			passes("v6 truncated fragment header: the stack decides", frag6First[:14+40+4]),
+		}},
+		{name: "icmpv6 error follows its flow", rig: drRig, cases: []packetCase{
+			tx("udp flow", udp6(client6, vip6, 5353, 53, eth(lbMAC, clientMAC, layers.EthernetTypeIPv6)), udp6(client6, vip6, 5353, 53, eth(v6FlowMAC, lbMAC, layers.EthernetTypeIPv6))),
+			tx("icmpv6 packet too big", icmp6(2, 0, tooBig, lbMAC, clientMAC), icmp6(2, 0, tooBig, v6FlowMAC, lbMAC)),
+			passes("icmpv6 error about no VIP flow", notOurs6),
+			passes("icmpv6 echo request", echo6),
+			counts(map[string]uint64{"icmp_error": 1}),
+		}},
+		// A backend with an interface of its own gets its frames by redirect (XDP_REDIRECT),
+		// MACs rewritten as for XDP_TX. Under BPF_PROG_RUN the redirect is reported, not done.
+		{name: "redirect to the backend's interface", rig: drRig, cases: []packetCase{
+			step("backend on ifindex 1", setBackend(uint32(redirB), Backend{MAC: backMACs[redirB], Ifindex: 1, Alive: true})),
+			{name: "redirect", in: tcpTo(4444, "S", nil), verdict: xdpRedirectAction, out: tcpTo(4444, "S", backMACs[redirB])},
+		}},
+		// A FIN keeps the flow: the rest of the close (the client's last ACK) must reach the
+		// same backend, even after a table change sent new flows elsewhere. Only RST forgets a
+		// flow.
+		{name: "fin keeps the flow", rig: drRig, cases: []packetCase{
+			tcpVia("syn", 2323, "S"),
+			step("new flows elsewhere", setVIP(vip1(fill(size, uint32((finB+1)%len(backMACs)))))),
+			tcpToB("after FIN: F", 2323, "F", finB),
+			tcpToB("after FIN: A", 2323, "A", finB),
+		}},
+		// A SYN is a new connection: it picks from the table even when its 5-tuple has an
+		// entry (a client reusing a port), so it never follows a stale entry to a backend that
+		// left the table; the entry then follows the new connection.
+		{name: "syn picks from the table", rig: drRig, cases: []packetCase{
+			tcpVia("syn", 3434, "S"),
+			step("the flow's backend leaves the table (drained, or found dead)", setVIP(vip1(fill(size, uint32(synNext))))),
+			tcpToB("established", 3434, "A", synB),
+			tcpToB("new connection on the same 5-tuple", 3434, "S", synNext),
+			tcpToB("its next packet", 3434, "A", synNext),
+		}},
+	}, append(hardeningFixtures(t, fx), wrrFixture(t, fx))...)
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/stickylb/stickylb/policies/chash"
 )
 
 // fnv1a is FNV-1a over b, the hash the program documents (hash_flow, the QUIC DCID hash),
@@ -30,6 +32,21 @@ func flowHashInput(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnl
 	b = binary.BigEndian.AppendUint16(b, sport)
 	b = binary.BigEndian.AppendUint16(b, dport)
 	return append(b, proto)
+}
+
+// maglevSlots is the Maglev table of 65,537 entries policies/chash builds over hosts, as
+// backend slots: host i's entries hold slot i (the tests install backend i in slot i).
+func maglevSlots(tb testing.TB, hosts ...chash.Host) []uint32 {
+	tb.Helper()
+	m, err := chash.NewMaglev(hosts, 65537)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	table := make([]uint32, len(m.Table()))
+	for i, h := range m.Table() {
+		table[i] = uint32(h)
+	}
+	return table
 }
 
 // pathCounts sums the per-CPU path counters' packets, by path name.

@@ -128,14 +128,7 @@ func (lt *liveTopo) attach(ns, ifname string, p *ebpf.Program) link.Link {
 // l1 (redirect to its ifindex).
 func (lt *liveTopo) armStickylb() func() {
 	hosts := []chash.Host{{ID: "b1", Weight: 1}, {ID: "b2", Weight: 1}, {ID: "b3", Weight: 1}}
-	m, err := chash.NewMaglev(hosts, 65537)
-	if err != nil {
-		lt.tb.Fatal(err)
-	}
-	table := make([]uint32, len(m.Table()))
-	for i, h := range m.Table() {
-		table[i] = uint32(h)
-	}
+	table := maglevSlots(lt.tb, hosts...)
 	for i, mac := range liveBackendMACs {
 		if err := lt.f.SetBackend(uint32(i), Backend{MAC: mac, Ifindex: uint32(lt.ifindex["l1"]), Alive: true}); err != nil {
 			lt.tb.Fatal(err)

@@ -20,7 +20,7 @@ type Loader struct {
 	cfg   Config
 	log   *zap.Logger
 	iface *net.Interface
-	fw    *Tables
+	maps  *Tables // the loaded program and its maps: what apply writes, what stats read
 	lnk   link.Link
 	dir   string
 
@@ -61,4 +61,4 @@ type Loader struct {
 }
 
 // Tables returns the loaded program's maps (its counters).
-func (l *Loader) Tables() *Tables { return l.fw }
+func (l *Loader) Tables() *Tables { return l.maps }

@@ -324,7 +324,7 @@ func (l *Loader) reservePorts() error {
 	if len(added) == 0 {
 		return nil
 	}
-	rec := merge(append(readRecorded(l.fw.objs.NatReserved), added...))
+	rec := merge(append(readRecorded(l.maps.objs.NatReserved), added...))
 	if len(rec) > natReservedSlots {
 		return fmt.Errorf("the host's reserved ports around %d-%d are in more than %d pieces: reserve %d-%d yourself (sysctl net.ipv4.ip_local_reserved_ports)", lo, hi, natReservedSlots, lo, hi)
 	}
@@ -336,7 +336,7 @@ func (l *Loader) reservePorts() error {
 		if i < len(rec) {
 			v = lbPortRange{Lo: rec[i].lo, Hi: rec[i].hi}
 		}
-		if err := l.fw.objs.NatReserved.Put(uint32(i), v); err != nil {
+		if err := l.maps.objs.NatReserved.Put(uint32(i), v); err != nil {
 			return fmt.Errorf("recording the reserved ports: %w", err)
 		}
 	}

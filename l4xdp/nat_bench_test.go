@@ -345,14 +345,7 @@ func (lt *liveTopo) armStickylbNAT() func() {
 		lt.tb.Fatal(err)
 	}
 	hosts := []chash.Host{{ID: "b1", Weight: 1}, {ID: "b2", Weight: 1}, {ID: "b3", Weight: 1}}
-	m, err := chash.NewMaglev(hosts, 65537)
-	if err != nil {
-		lt.tb.Fatal(err)
-	}
-	table := make([]uint32, len(m.Table()))
-	for i, h := range m.Table() {
-		table[i] = uint32(h)
-	}
+	table := maglevSlots(lt.tb, hosts...)
 	for i := range liveBackendMACs {
 		addr := netip.AddrPortFrom(netip.MustParseAddr(natLiveBackend(i)), 80)
 		if err := f.SetBackend(uint32(i), Backend{MAC: make(net.HardwareAddr, 6), NAT: true, Addr: addr, Alive: true}); err != nil {

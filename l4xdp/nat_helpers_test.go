@@ -384,14 +384,6 @@ func (r *natfxRig) expect(name string, ifindex uint32, in []byte, wantRet uint32
 	}
 }
 
-// handshake runs fl's SYN in on lb0 and the backend's SYN-ACK in on back, each expecting act
-// and the frame translated by the rules the flow names.
-func (r *natfxRig) handshake(t *testing.T, label string, fl natfxFlow, back, act uint32) {
-	t.Helper()
-	r.expect("syn"+label, r.lb0, fl.fromClient("S", nil).frame(t), act, fl.toBackend("S", nil).frame(t))
-	r.expect("syn-ack"+label, back, fl.fromBackend("SA", nil).frame(t), act, fl.toClient("SA", nil).frame(t))
-}
-
 // viaLB1 is fl with its backend behind lb1 (the second interface's router and MAC).
 func (fl natfxFlow) viaLB1() natfxFlow {
 	fl.bmac, fl.rmac = lbMACb, routerMACb

@@ -56,17 +56,55 @@ func vipServices(f *pools.File) []*pools.Service {
 
 // applyLocked brings the maps to f in two steps: first everything that can fail (MACs,
 // names, ids), touching no map, so a bad edit leaves the running config whole; then the
-// writes. Slots and ids survive edits and restarts, so the connection table stays right.
+// writes, service by service, and the removal of what left. Slots and ids survive edits and
+// restarts, so the connection table stays right.
 func (l *Loader) applyLocked(f *pools.File) error {
 	served := vipServices(f)
-	slots, ids := map[string]uint32{}, map[string]uint32{}
-	for k, v := range l.slots {
-		slots[k] = v
+	p, err := l.planSlotsLocked(served)
+	if err != nil {
+		return err
 	}
-	for k, v := range l.vipIDs {
-		ids[k] = v
+	if err := l.planReachLocked(f, served, p); err != nil {
+		return err
 	}
-	// Names that leave go first, so their slots and ids are free for newcomers.
+	w := &applyWrites{serverIDs: map[lbServerKey]uint32{}}
+	for _, s := range served {
+		l.installServiceLocked(s, p, w)
+	}
+	l.servedLocked(w.vips) // before the VIPs that leave are deleted: an announcer withdraws them first
+	l.pruneLeaversLocked(p, w)
+	l.slots, l.vipIDs = p.slots, p.ids
+	return errors.Join(w.errs...)
+}
+
+// applyPlan is what an apply decides before it writes a map: the slot of every backend and
+// the id of every VIP service (kept from the running config, the lowest free one for a
+// newcomer), each service's backends in file order, and which are reached by NAT.
+type applyPlan struct {
+	slots, ids         map[string]uint32 // "service/identity" -> slot; service -> VIP id
+	slotAlloc, idAlloc *allocator
+	backends           map[string][]plannedBackend // by service
+	natted             natPlan
+}
+
+// applyWrites is what the writes of an apply leave behind: the VIPs and QUIC server_ids
+// installed (the maps' others are pruned) and each write's error (one failing write does
+// not stop the others).
+type applyWrites struct {
+	vips      []VIP
+	serverIDs map[lbServerKey]uint32
+	errs      []error
+}
+
+func (w *applyWrites) put(what string, err error) {
+	if err != nil {
+		w.errs = append(w.errs, fmt.Errorf("%s: %w", what, err))
+	}
+}
+
+// planSlotsLocked gives every served service a VIP id and every backend a slot. Names that
+// leave go first, so their slots and ids are free for newcomers.
+func (l *Loader) planSlotsLocked(served []*pools.Service) (*applyPlan, error) {
 	inFile := map[string]bool{}
 	for _, s := range served {
 		inFile[s.Name] = true
@@ -74,55 +112,60 @@ func (l *Loader) applyLocked(f *pools.File) error {
 			inFile[s.Name+"/"+b.Identity()] = true
 		}
 	}
-	for k := range slots {
-		if !inFile[k] {
-			delete(slots, k)
+	kept := func(m map[string]uint32) map[string]uint32 {
+		out := map[string]uint32{}
+		for k, v := range m {
+			if inFile[k] {
+				out[k] = v
+			}
 		}
+		return out
 	}
-	for k := range ids {
-		if !inFile[k] {
-			delete(ids, k)
-		}
-	}
-	plan := map[string][]plannedBackend{}
-	idAlloc, slotAlloc := newAllocator(ids, 1, MaxVIPs), newAllocator(slots, 0, MaxBackends)
-	var all []*pools.Backend
+	p := &applyPlan{slots: kept(l.slots), ids: kept(l.vipIDs), backends: map[string][]plannedBackend{}}
+	p.idAlloc, p.slotAlloc = newAllocator(p.ids, 1, MaxVIPs), newAllocator(p.slots, 0, MaxBackends)
 	for _, s := range served {
-		if _, ok := idAlloc.get(s.Name); !ok {
-			return fmt.Errorf("service %s: more than %d VIP services", s.Name, MaxVIPs-1)
+		if _, ok := p.idAlloc.get(s.Name); !ok {
+			return nil, fmt.Errorf("service %s: more than %d VIP services", s.Name, MaxVIPs-1)
 		}
 		for _, b := range s.Backends {
 			key := s.Name + "/" + b.Identity()
 			if len(key) > maxName {
-				return fmt.Errorf("service %s: backend %s: %q is longer than the forwarder's %d-byte names", s.Name, b.Address, key, maxName)
+				return nil, fmt.Errorf("service %s: backend %s: %q is longer than the forwarder's %d-byte names", s.Name, b.Address, key, maxName)
 			}
-			slot, ok := slotAlloc.get(key)
+			slot, ok := p.slotAlloc.get(key)
 			if !ok {
-				return fmt.Errorf("service %s: more than %d backends in all", s.Name, MaxBackends)
+				return nil, fmt.Errorf("service %s: more than %d backends in all", s.Name, MaxBackends)
 			}
-			plan[s.Name] = append(plan[s.Name], plannedBackend{key: key, slot: slot, b: b})
-			all = append(all, b)
+			p.backends[s.Name] = append(p.backends[s.Name], plannedBackend{key: key, slot: slot, b: b})
 		}
 	}
+	return p, nil
+}
+
+// planReachLocked decides how each backend of p is reached, DR or NAT, and finds what that
+// needs: the MACs of DR backends (an error if one is unknown) and the next hops of NAT
+// backends. It waits (up to 3 s, under the loader's lock) only for NAT backends new to this
+// apply: a health transition or a slow-start step must not stall on a next hop already
+// asked for; the maintenance loop asks again for those.
+func (l *Loader) planReachLocked(f *pools.File, served []*pools.Service, p *applyPlan) error {
 	natted, err := l.planNAT(f, served)
 	if err != nil {
 		return err
 	}
 	var direct, viaNAT []*pools.Backend
-	for _, b := range all {
-		if natted[b] {
-			viaNAT = append(viaNAT, b)
-		} else {
-			direct = append(direct, b)
+	for _, s := range served {
+		for _, pb := range p.backends[s.Name] {
+			if natted[pb.b] {
+				viaNAT = append(viaNAT, pb.b)
+			} else {
+				direct = append(direct, pb.b)
+			}
 		}
 	}
 	macs, err := l.resolveMACs(direct)
 	if err != nil {
 		return err
 	}
-	// Wait (up to 3 s, under the loader's lock) only for NAT backends new to this apply: a
-	// health transition or a slow-start step must not stall on a next hop already asked
-	// for; the maintenance loop asks again for those.
 	known := map[string]bool{}
 	for _, b := range l.natBackends {
 		known[b.Address] = true
@@ -135,120 +178,134 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	}
 	l.resolveNextHops(newNAT, 3*time.Second)
 	l.natBackends = viaNAT
-	for name, ps := range plan {
+	for _, ps := range p.backends {
 		for i := range ps {
 			ps[i].mac = macs[ps[i].b]
 			if natted[ps[i].b] {
 				ps[i].mac = make(net.HardwareAddr, 6) // the FIB gives the next hop
 			}
 		}
-		plan[name] = ps
 	}
-	var errs []error
-	put := func(what string, err error) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+	p.natted = natted
+	return nil
+}
+
+// installServiceLocked writes service s: its name, its backends, the weights of those that
+// take its new flows on this node (zones, health, drain, slow start), and its VIP with the
+// tables built over them.
+func (l *Loader) installServiceLocked(s *pools.Service, p *applyPlan, w *applyWrites) {
+	id := p.ids[s.Name]
+	n, _ := toName(s.Name)
+	w.put("naming VIP "+s.Name, l.maps.objs.VipNames.Put(id, n))
+	if newIndex(l.vipIDs, s.Name, id) {
+		w.put("zeroing the counters of VIP "+s.Name, l.maps.zeroCounter(l.maps.objs.VipStats, id))
+	}
+	now := l.now()
+	var ms []member
+	for _, pb := range p.backends[s.Name] {
+		ms = append(ms, l.installBackendLocked(s, id, pb, p.natted[pb.b], now, w))
+	}
+	pick, global, panicking := candidates(ms, l.cfg.Zone, s.CrossZone)
+	if panicking {
+		l.log.Warn("every backend of the service is down: new flows go to all of them (panic)", zap.String("service", s.Name))
+	}
+	inPick := map[uint32]uint32{}
+	for _, m := range pick {
+		inPick[m.slot] = m.weight
+	}
+	for _, m := range ms {
+		w.put("weight of "+s.Name+"/"+m.id, l.maps.SetWeight(m.slot, inPick[m.slot]))
+	}
+	vip, err := l.vipOf(s, id, pick, global)
+	if err != nil {
+		w.errs = append(w.errs, err)
+		return
+	}
+	if panicking {
+		vip.Flags |= FlagPanic
+	}
+	if err := l.maps.SetVIP(vip); err != nil {
+		w.put("VIP "+s.Name, err)
+	} else {
+		l.installedLocked(s.Name, vipDigest(vip, ms, inPick))
+	}
+	w.vips = append(w.vips, vip)
+}
+
+// installedLocked records that service's VIP now holds what digest d sums up. A rebuild that
+// installs what was there (a hold's end, a verdict that moved nothing) is not a new
+// generation: the status page's figure says when the table new flows follow changed.
+func (l *Loader) installedLocked(service string, d uint64) {
+	if d == l.installed[service] && l.gens[service] != 0 {
+		return
+	}
+	if l.gens == nil {
+		l.gens = map[string]uint64{}
+		l.installed = map[string]uint64{}
+	}
+	l.gens[service]++
+	l.installed[service] = d
+}
+
+// installBackendLocked writes backend pb of service s (VIP id) into its slot, reached by NAT
+// or not, and returns it as the table builder sees it. A slot that changes hands, or whose
+// backend is now reached the other way, gets a new generation: the connection table's
+// entries for it are misses, and its flows re-pick.
+func (l *Loader) installBackendLocked(s *pools.Service, id uint32, pb plannedBackend, nat bool, now time.Time, w *applyWrites) member {
+	down := l.unhealthyLocked(s, pb.key, pb.b)
+	bn, _ := toName(pb.key)
+	w.put("naming backend "+pb.key, l.maps.objs.BackendNames.Put(pb.slot, bn))
+	gen := l.maps.slotGen(pb.slot)
+	reach := Backend{NAT: nat, Addr: pb.b.AddrPort()}
+	newHands := newIndex(l.slots, pb.key, pb.slot)
+	if wasNAT, addr, port := l.maps.slotReach(pb.slot); !newHands && (wasNAT != reach.NAT ||
+		(reach.NAT && (addr != reach.Addr.Addr().Unmap().As16() || port != netOrder(reach.Addr.Port())))) {
+		// Reached another way now (DR <-> NAT): the slot's flows re-pick, as when it
+		// changes hands, rather than follow an entry made for the other way.
+		gen++
+	}
+	if newHands {
+		// The slot changes hands: entries of its previous backend are misses.
+		gen++
+		w.put("zeroing the counters of "+pb.key, l.maps.zeroCounter(l.maps.objs.BackendStats, pb.slot))
+		w.put("zeroing the active connections of "+pb.key, l.maps.objs.Active.Put(pb.slot, int64(0)))
+		if l.file != nil {
+			l.joinedLocked(pb.key, l.joinTimeLocked(s, pb.b, now)) // a backend that joins ramps up
 		}
 	}
-	var vips []VIP
-	serverIDs := map[lbServerKey]uint32{}
-	for _, s := range served {
-		id := ids[s.Name]
-		n, _ := toName(s.Name)
-		put("naming VIP "+s.Name, l.fw.objs.VipNames.Put(id, n))
-		if newIndex(l.vipIDs, s.Name, id) {
-			put("zeroing the counters of VIP "+s.Name, l.fw.zeroCounter(l.fw.objs.VipStats, id))
-		}
-		now := l.now()
-		var ms []member
-		for _, p := range plan[s.Name] {
-			down := l.unhealthyLocked(s, p.key, p.b)
-			bn, _ := toName(p.key)
-			put("naming backend "+p.key, l.fw.objs.BackendNames.Put(p.slot, bn))
-			gen := l.fw.slotGen(p.slot)
-			reach := Backend{NAT: natted[p.b], Addr: p.b.AddrPort()}
-			if wasNAT, addr, port := l.fw.slotReach(p.slot); wasNAT != reach.NAT ||
-				(reach.NAT && (addr != reach.Addr.Addr().Unmap().As16() || port != netOrder(reach.Addr.Port()))) {
-				// Reached another way now (DR <-> NAT): the slot's flows re-pick, as when it
-				// changes hands, rather than follow an entry made for the other way.
-				if !newIndex(l.slots, p.key, p.slot) {
-					gen++
-				}
-			}
-			if newIndex(l.slots, p.key, p.slot) {
-				// The slot changes hands: entries of its previous backend are misses.
-				gen++
-				put("zeroing the counters of "+p.key, l.fw.zeroCounter(l.fw.objs.BackendStats, p.slot))
-				put("zeroing the active connections of "+p.key, l.fw.objs.Active.Put(p.slot, int64(0)))
-				if l.file != nil {
-					l.joinedLocked(p.key, l.joinTimeLocked(s, p.b, now)) // a backend that joins ramps up
-				}
-			}
-			put("zone of "+p.key, l.fw.setZone(p.slot, p.b.Zone))
-			put("backend "+p.key, l.fw.SetBackend(p.slot, Backend{MAC: p.mac, Alive: true, Down: down, Gen: gen,
-				NAT: reach.NAT, Addr: reach.Addr}))
-			if p.b.ServerID != 0 {
-				put("server_id of "+p.key, l.fw.SetServerID(id, p.b.ServerID, p.slot))
-				serverIDs[lbServerKey{VipId: id, ServerId: uint32(p.b.ServerID)}] = p.slot
-			}
-			w, ramping := l.effectiveWeightLocked(s, p.key, p.b.Weight, now)
-			ms = append(ms, member{slot: p.slot, id: p.b.Identity(), zone: p.b.Zone, weight: w, ramping: ramping,
-				down: down, drain: p.b.Drain, zoneDrained: s.ZoneDrained(p.b.Zone)})
-		}
-		pick, global, panicking := candidates(ms, l.cfg.Zone, s.CrossZone)
-		if panicking {
-			l.log.Warn("every backend of the service is down: new flows go to all of them (panic)", zap.String("service", s.Name))
-		}
-		inPick := map[uint32]uint32{}
-		for _, m := range pick {
-			inPick[m.slot] = m.weight
-		}
-		for _, m := range ms {
-			put("weight of "+s.Name+"/"+m.id, l.fw.SetWeight(m.slot, inPick[m.slot]))
-		}
-		vip, err := l.vipOf(s, id, pick, global)
-		if err != nil {
-			errs = append(errs, err)
+	w.put("zone of "+pb.key, l.maps.setZone(pb.slot, pb.b.Zone))
+	w.put("backend "+pb.key, l.maps.SetBackend(pb.slot, Backend{MAC: pb.mac, Alive: true, Down: down, Gen: gen,
+		NAT: reach.NAT, Addr: reach.Addr}))
+	if pb.b.ServerID != 0 {
+		w.put("server_id of "+pb.key, l.maps.SetServerID(id, pb.b.ServerID, pb.slot))
+		w.serverIDs[lbServerKey{VipId: id, ServerId: uint32(pb.b.ServerID)}] = pb.slot
+	}
+	weight, ramping := l.effectiveWeightLocked(s, pb.key, pb.b.Weight, now)
+	return member{slot: pb.slot, id: pb.b.Identity(), zone: pb.b.Zone, weight: weight, ramping: ramping,
+		down: down, drain: pb.b.Drain, zoneDrained: s.ZoneDrained(pb.b.Zone)}
+}
+
+// pruneLeaversLocked removes what is no longer in the file: VIPs and server_ids the apply did
+// not install, and the backends and VIP names that left (their flows re-pick). A slot or id
+// a newcomer took over in this same apply is the newcomer's now.
+func (l *Loader) pruneLeaversLocked(p *applyPlan, w *applyWrites) {
+	w.put("removing VIPs no longer in the file", l.maps.PruneVIPs(w.vips))
+	w.put("removing server_ids no longer in the file", l.maps.PruneServerIDs(w.serverIDs))
+	for key, slot := range l.slots {
+		if _, ok := p.slots[key]; ok {
 			continue
 		}
-		if panicking {
-			vip.Flags |= FlagPanic
+		if !p.slotAlloc.used[slot] {
+			w.put("removing backend "+key, l.maps.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false, Gen: l.maps.slotGen(slot) + 1}))
+			w.put("unnaming backend "+key, l.maps.objs.BackendNames.Put(slot, lbName{}))
 		}
-		if err := l.fw.SetVIP(vip); err != nil {
-			put("VIP "+s.Name, err)
-		} else if d := vipDigest(vip, ms, inPick); d != l.installed[s.Name] || l.gens[s.Name] == 0 {
-			// A rebuild that installs what was there (a hold's end, a verdict that moved
-			// nothing) is not a new generation: the status page's figure says when the
-			// table new flows follow changed.
-			if l.gens == nil {
-				l.gens = map[string]uint64{}
-				l.installed = map[string]uint64{}
-			}
-			l.gens[s.Name]++
-			l.installed[s.Name] = d
-		}
-		vips = append(vips, vip)
-	}
-	put("removing VIPs no longer in the file", l.fw.PruneVIPs(vips))
-	put("removing server_ids no longer in the file", l.fw.PruneServerIDs(serverIDs))
-	// Backends no longer in the file leave the pool: their flows re-pick. A slot or id a
-	// newcomer took over in this same edit is the newcomer's now.
-	for key, slot := range l.slots {
-		if _, ok := slots[key]; !ok && !slotAlloc.used[slot] {
-			put("removing backend "+key, l.fw.SetBackend(slot, Backend{MAC: make(net.HardwareAddr, 6), Alive: false, Gen: l.fw.slotGen(slot) + 1}))
-			put("unnaming backend "+key, l.fw.objs.BackendNames.Put(slot, lbName{}))
-		}
-		if _, ok := slots[key]; !ok {
-			delete(l.lastDown, key)
-		}
+		delete(l.lastDown, key)
 	}
 	for name, id := range l.vipIDs {
-		if _, ok := ids[name]; !ok && !idAlloc.used[id] {
-			put("unnaming VIP "+name, l.fw.objs.VipNames.Put(id, lbName{}))
+		if _, ok := p.ids[name]; !ok && !p.idAlloc.used[id] {
+			w.put("unnaming VIP "+name, l.maps.objs.VipNames.Put(id, lbName{}))
 		}
 	}
-	l.slots, l.vipIDs = slots, ids
-	return errors.Join(errs...)
 }
 
 // vipOf builds service s's VIP: its key, affinity, and tables. With balance maglev the

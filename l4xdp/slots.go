@@ -13,21 +13,21 @@ import (
 // restore reads back what a previous loader pinned: the slot and VIP id of every name (the
 // connection table refers to slots) and which backends it had found down.
 func (l *Loader) restore() error {
-	ids, err := names(l.fw.objs.VipNames)
+	ids, err := names(l.maps.objs.VipNames)
 	if err != nil {
 		return fmt.Errorf("reading the pinned VIP names: %w", err)
 	}
 	for id, n := range ids {
 		l.vipIDs[n] = id
 	}
-	slots, err := names(l.fw.objs.BackendNames)
+	slots, err := names(l.maps.objs.BackendNames)
 	if err != nil {
 		return fmt.Errorf("reading the pinned backend names: %w", err)
 	}
 	for slot, n := range slots {
 		l.slots[n] = slot
 		var b lbBackend
-		if err := l.fw.objs.Backends.Lookup(slot, &b); err == nil && b.Flags&backendDown != 0 {
+		if err := l.maps.objs.Backends.Lookup(slot, &b); err == nil && b.Flags&backendDown != 0 {
 			l.lastDown[n] = true
 		}
 	}

@@ -131,10 +131,10 @@ func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 			l.mu.Unlock()
 			if time.Since(lastCount) >= every {
 				lastCount = time.Now()
-				if err := l.fw.Recount(); err != nil {
+				if err := l.maps.Recount(); err != nil {
 					l.log.Warn("recounting active connections", zap.Error(err))
 				}
-				if _, err := l.fw.SweepNAT(); err != nil {
+				if _, err := l.maps.SweepNAT(); err != nil {
 					l.log.Warn("sweeping ended NAT flows", zap.Error(err))
 				}
 				l.mu.Lock()

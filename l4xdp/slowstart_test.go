@@ -23,7 +23,7 @@ func TestSlowStartSteps(t *testing.T) {
 	weight := func() uint32 {
 		t.Helper()
 		var w uint32
-		if err := l.fw.objs.Weights.Lookup(l.slots[key], &w); err != nil {
+		if err := l.maps.objs.Weights.Lookup(l.slots[key], &w); err != nil {
 			t.Fatal(err)
 		}
 		return w

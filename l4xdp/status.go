@@ -36,7 +36,7 @@ func (l *Loader) Status() (*status.Snapshot, error) {
 	fed := l.external != nil
 	l.mu.Unlock()
 
-	st, err := l.fw.Stats()
+	st, err := l.maps.Stats()
 	if err != nil {
 		return nil, fmt.Errorf("reading the forwarder's counters: %w", err)
 	}

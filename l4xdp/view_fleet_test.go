@@ -80,13 +80,13 @@ func tableNames(t *testing.T, l *Loader, service string) []string {
 	var k lbVipKey
 	var meta lbVipMeta
 	size := uint32(0)
-	for it := l.fw.objs.Vips.Iterate(); it.Next(&k, &meta); {
+	for it := l.maps.objs.Vips.Iterate(); it.Next(&k, &meta); {
 		if meta.Id == id {
 			size = meta.TableSize
 		}
 	}
 	var innerID ebpf.MapID
-	if err := l.fw.objs.Maglev.Lookup(id, &innerID); err != nil {
+	if err := l.maps.objs.Maglev.Lookup(id, &innerID); err != nil {
 		t.Fatal(err)
 	}
 	inner, err := ebpf.NewMapFromID(innerID)
@@ -94,7 +94,7 @@ func tableNames(t *testing.T, l *Loader, service string) []string {
 		t.Fatal(err)
 	}
 	defer inner.Close()
-	ns, err := names(l.fw.objs.BackendNames)
+	ns, err := names(l.maps.objs.BackendNames)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func weightOf(t *testing.T, l *Loader, key string) uint32 {
 		t.Fatalf("%s has no slot", key)
 	}
 	var w uint32
-	if err := l.fw.objs.Weights.Lookup(slot, &w); err != nil {
+	if err := l.maps.objs.Weights.Lookup(slot, &w); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -132,7 +132,7 @@ func flowBackends(t *testing.T, l *Loader, n int) []int {
 	out := make([]int, n)
 	for i := range n {
 		src := netip.AddrFrom4([4]byte{198, 51, 100, byte(i % 250)})
-		ret, pkt := run(t, l.fw.Program(), tcp4(t, src, vip4, uint16(20000+i/250), 80, "S", nil, nil))
+		ret, pkt := run(t, l.maps.Program(), tcp4(t, src, vip4, uint16(20000+i/250), 80, "S", nil, nil))
 		if ret != xdpTX {
 			t.Fatalf("flow %d: action %d", i, ret)
 		}

@@ -27,7 +27,7 @@ func newTestLoader(t *testing.T, zone string) *Loader {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fw.Close() })
-	return &Loader{cfg: Config{Zone: zone}, log: zap.NewNop(), fw: fw, slots: map[string]uint32{}, vipIDs: map[string]uint32{},
+	return &Loader{cfg: Config{Zone: zone}, log: zap.NewNop(), maps: fw, slots: map[string]uint32{}, vipIDs: map[string]uint32{},
 		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
 }
 
@@ -68,7 +68,7 @@ func sendFlows(t *testing.T, l *Loader, first, n int, into map[int]int) {
 	for i := first; i < first+n; i++ {
 		src := netip.AddrFrom4([4]byte{192, 0, 2, byte(i % 250)})
 		sport := uint16(10000 + i/250)
-		ret, out := run(t, l.fw.Program(), tcp4(t, src, vip4, sport, 80, "S", nil, nil))
+		ret, out := run(t, l.maps.Program(), tcp4(t, src, vip4, sport, 80, "S", nil, nil))
 		if ret != xdpTX {
 			t.Fatalf("flow %d: action %d", i, ret)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -159,20 +158,8 @@ func TestFleetStatusJSON(t *testing.T) {
 // the next one; a refused backend's reason is the probe's result. A backend of a service
 // without a health_check has none (n/a).
 func TestFleetStatusLastCheck(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln := loopback.Listen(t)
+	loopback.AcceptAndClose(t, ln)
 	up, refused := ln.Addr().String(), loopback.Refused(t)
 	f := poolstest.Parse(t, fmt.Sprintf(`services:
   - name: web

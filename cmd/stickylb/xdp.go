@@ -23,140 +23,114 @@ import (
 	"github.com/stickylb/stickylb/policies/status"
 )
 
-const xdpUsage = `usage:
-  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
-               [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
-               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
-  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]] [--allow-loopback]
-               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
-               [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
-                                                   the view from a control plane (stickylb xds)
-  stickylb xdp stats --iface IF [--pin-root DIR]
-  stickylb xdp tables --iface IF [--pin-root DIR]    each VIP's table: slots per backend, digest
-  stickylb xdp detach --iface IF [--pin-root DIR]
-  stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
-`
-
+// xdpCmd runs `stickylb xdp`: a subcommand on the pinned forwarder, or the forwarder itself.
 func xdpCmd(args []string, stdout, stderr io.Writer) int {
-	sub := ""
-	if len(args) > 0 && (args[0] == "stats" || args[0] == "tables" || args[0] == "detach" || args[0] == "pass") {
-		sub, args = args[0], args[1:]
+	if len(args) > 0 && (args[0] == "drain" || args[0] == "undrain") {
+		return xdpControl(args[0], args[1:], stdout, stderr)
 	}
-	fs := newFlagSet("xdp", xdpUsage, stderr)
-	poolsPath := fs.String("pools", "", "pools file (reloaded when it changes)")
-	iface := fs.String("iface", "", "interface to attach to")
-	mode := fs.String("mode", "native", "native or generic")
-	metrics := fs.String("metrics", "", "HTTP address for Prometheus metrics at /metrics and the status page at / (off when empty)")
-	pinRoot := fs.String("pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
-	poll := fs.Duration("poll", time.Second, "how often to look for pools-file changes")
-	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
-	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
-	var xn xdsNode
-	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools")
-	fs.StringVar(&xn.nodeID, "node-id", "", "node id sent to the control plane (default HOST/xdp/IFACE)")
-	fs.StringVar(&xn.zone, "zone", "", "this node's zone: with cross_zone false, new flows go to its zone's backends first; with --xds, sent to the control plane as the node's locality")
-	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
-	fs.StringVar(&xn.cert, "xds-cert", "", "client certificate (PEM) for mTLS")
-	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
-	fs.BoolVar(&xn.allowLoopback, "allow-loopback", false, "with --xds, forward to backends on loopback addresses (demos, tests); left out otherwise, as link-local and unspecified ones always are")
-	var nat natFlags
-	nat.register(fs)
-	if err := fs.Parse(args); err != nil {
+	fl, err := parseXDPFlags(args, stderr)
+	if err != nil {
 		return parseError(err)
 	}
-	if sub == "" && *poolsPath != "" && xn.server != "" {
-		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
-		return 2
-	}
-	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "" || xn.allowLoopback) {
-		fmt.Fprint(stderr, "stickylb xdp: --node-id, --allow-loopback and --xds-* go with --xds\n")
-		return 2
-	}
-	if *iface == "" || fs.NArg() != 0 || sub == "" && *poolsPath == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||
-		*tableSize == 0 || *tableSize > 1<<31 || *insertCap < 0 {
-		fmt.Fprint(stderr, xdpUsage)
-		return 2
-	}
-	// The loader's own rules (as many sources as the program holds) are command-line errors
-	// too, said before anything is attached.
-	if err := nat.config().Validate(); err != nil {
-		fmt.Fprintf(stderr, "stickylb xdp: --nat-source, --nat-ports: %v\n", err)
-		return 2
-	}
-	capOpt := *insertCap
-	if capOpt == 0 {
-		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"
-	}
-	cfg := l4xdp.Config{Iface: *iface, Mode: l4xdp.Mode(*mode), PinRoot: *pinRoot, Zone: xn.zone,
-		Tables: l4xdp.Options{ConnTableSize: uint32(*tableSize), InsertCap: capOpt}, NAT: nat.config()}
-	switch sub {
+	switch fl.sub {
 	case "detach":
-		if err := l4xdp.Detach(cfg); err != nil {
+		if err := l4xdp.Detach(fl.cfg); err != nil {
 			fmt.Fprintf(stderr, "stickylb xdp detach: %v\n", err)
 			return 1
 		}
 		return 0
 	case "stats":
-		return xdpStats(cfg, stdout, stderr)
+		return xdpStats(fl.cfg, stdout, stderr)
 	case "tables":
-		return xdpTables(cfg, stdout, stderr)
+		return xdpTables(fl.cfg, stdout, stderr)
 	case "pass":
-		return xdpPass(cfg, stderr)
+		return xdpPass(fl.cfg, stderr)
 	}
-	if _, err := net.InterfaceByName(*iface); err != nil {
-		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", *iface, err)
+	return runXDP(fl, stdout, stderr)
+}
+
+// runXDP attaches the forwarder to fl's interface and keeps it in step with the pools file or
+// the control plane until SIGINT or SIGTERM, which leave the program and its pinned maps
+// forwarding (a new loader adopts them).
+func runXDP(fl xdpFlags, stdout, stderr io.Writer) int {
+	if _, err := net.InterfaceByName(fl.cfg.Iface); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: interface %q: %v\n", fl.cfg.Iface, err)
 		return 1
 	}
 	log, _ := newLogger()
 	defer log.Sync()
-	if err := ensureBPFFS(cfg.PinRoot, log); err != nil {
+	if err := ensureBPFFS(fl.cfg.PinRoot, log); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	if xn.server != "" {
-		if xn.nodeID == "" {
-			xn.nodeID = defaultNodeID(*iface)
+	var f *pools.File
+	if fl.node.server == "" {
+		var ok bool
+		if f, ok = load(fl.pools, stderr); !ok {
+			return 1
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		return runXDPFleet(ctx, cfg, xn, *metrics, log, stdout, stderr)
 	}
-	f, ok := load(*poolsPath, stderr)
-	if !ok {
-		return 1
+	rt, err := newXDPRouting(&fl.bgp, fl.cfg.Iface, l4xdp.Running(fl.cfg), log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer rt.close()
+	fl.cfg.Served = rt.served
+	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	l, err := l4xdp.Open(cfg, log)
+	ctx := rt.lingering(sig) // with BGP: withdraw first, then forward for --drain-time
+	if fl.node.server != "" {
+		return runXDPFleet(ctx, fl.cfg, fl.node, fl.metrics, rt, log, stdout, stderr)
+	}
+	return runXDPPools(ctx, fl, f, rt, log, stdout, stderr)
+}
+
+// runXDPPools forwards the services of pools file f, reloading it when it changes, until ctx
+// ends. The loader probes the backends itself.
+func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
+	l, err := l4xdp.Open(fl.cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
-	defer l.Close()
+	defer l.Close() // the program and its pinned maps stay, forwarding
 	if err := l.Apply(ctx, f); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	edits := status.NewConfigLog(*poolsPath, time.Now())
-	if *metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Tables()})
-		hs := &http.Server{Addr: *metrics, Handler: xdpMetricsHandler(l, reg, edits, nil, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
+	if err := rt.start(ctx, l, fl.cfg); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
 	}
-	log.Info("forwarding", zap.String("iface", *iface), zap.String("mode", *mode), zap.String("pools", *poolsPath))
+	edits := status.NewConfigLog(fl.pools, time.Now())
+	defer serveXDPMetrics(fl.metrics, l, edits, rt, nil, log)()
+	log.Info("forwarding", zap.String("iface", fl.cfg.Iface), zap.String("mode", string(fl.cfg.Mode)), zap.String("pools", fl.pools))
 	fmt.Fprintln(stdout, "ready")
-	w := pools.Watcher{Path: *poolsPath, Interval: *poll, Current: f, Log: log, Edits: edits,
-		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
+	w := pools.Watcher{Path: fl.pools, Interval: fl.poll, Current: f, Log: log, Edits: edits,
+		Apply: newApplyRetry(ctx, l, log).apply}
 	w.Run(ctx)
 	return 0
 }
 
+// serveXDPMetrics serves, at addr, the forwarder's counters and more (Prometheus, at
+// /metrics) and l's status page (at /; with the pools file's refused edits when edits is
+// not nil, what the node announces with BGP, and how it stands with its control plane when
+// feed is not nil), until the function it returns is called. An empty addr serves nothing.
+func serveXDPMetrics(addr string, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, feed func() *status.Feed, log *zap.Logger, more ...prometheus.Collector) (stop func()) {
+	if addr == "" {
+		return func() {}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(append(append([]prometheus.Collector{xdpCollector{l.Tables()}}, rt.collectors()...), more...)...)
+	hs := &http.Server{Addr: addr, Handler: xdpMetricsHandler(l, reg, edits, rt.status, feed, log), ReadHeaderTimeout: 5 * time.Second}
+	go hs.ListenAndServe()
+	return func() { hs.Close() }
+}
+
 // xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the
 // connection table's hits and misses.
-type xdpCollector struct{ fw *l4xdp.Tables }
+type xdpCollector struct{ tables *l4xdp.Tables }
 
 var (
 	descPathPackets    = prometheus.NewDesc("stickylb_xdp_packets_total", "Packets by path through the XDP program.", []string{"path"}, nil)
@@ -178,7 +152,7 @@ func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
-	st, err := c.fw.Stats()
+	st, err := c.tables.Stats()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(descPathPackets, err)
 		return

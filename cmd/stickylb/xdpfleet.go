@@ -7,12 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"time"
+	"strings"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -23,7 +21,7 @@ import (
 
 // xdsNode is how `stickylb xdp --xds` reaches its control plane.
 type xdsNode struct {
-	server, nodeID, zone string
+	server, nodeID, zone string // server: one address, or the replicas' comma-separated
 	ca, cert, key        string
 	// allowLoopback admits endpoints on loopback addresses (demos, tests).
 	allowLoopback bool
@@ -42,9 +40,9 @@ func defaultNodeID(iface string) string {
 // starts on what a previous loader pinned (so a node restarted while the control plane is
 // down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
-func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
-		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
+		Servers: strings.Split(n.server, ","), NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
 	}, log)
 	if err != nil {
@@ -74,13 +72,12 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	if metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(xdpCollector{l.Tables()}, c.Collector())
-		fs := func() *status.Feed { fd := feed.status(n.server, n.nodeID); return &fd }
-		hs := &http.Server{Addr: metrics, Handler: xdpMetricsHandler(l, reg, nil, fs, log), ReadHeaderTimeout: 5 * time.Second}
-		go hs.ListenAndServe()
-		defer hs.Close()
+	fs := func() *status.Feed { fd := feed.status(n.server, n.nodeID); return &fd }
+	defer serveXDPMetrics(metrics, l, nil, rt, fs, log, c.Collector())()
+	// The VIPs the pinned program serves are announced before the first view arrives.
+	if err := rt.start(ctx, l, cfg); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
 	}
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)

@@ -15,8 +15,9 @@ import (
 // status.json beside it, and the Prometheus metrics at every other path (as before the page,
 // so scrapers of any path keep working). Unauthenticated and read-only: keep it private.
 // edits, the record of the pools file's edits, is nil on a node fed by a control plane;
-// feed, how that node stands with its control plane, is nil on the others.
-func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, feed func() *status.Feed, log *zap.Logger) http.Handler {
+// routing, what the node announces, nil without BGP; feed, how a node fed by a control
+// plane stands with it, nil on the others.
+func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, routing func() *status.Routing, feed func() *status.Feed, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { status.ServePage(w) })
@@ -28,6 +29,9 @@ func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.
 			return
 		}
 		snap.Config = edits.File()
+		if routing != nil {
+			snap.Routing = routing()
+		}
 		if feed != nil {
 			snap.AddFeed(*feed())
 		}

@@ -11,8 +11,10 @@
 // headers) is counted in path_stats (enum lb_path in consts.h).
 //
 // Headers by concern, as in Katran: consts.h, structs.h, maps.h (the maps and their counters),
-// parse.h (header parsing), pick.h (hash and Maglev pick), route.h (connection table, DR
-// rewrite), nat.h (NAT: translation, ports, replies), icmp.h (ICMP errors).
+// parse.h (header parsing), pick.h (hash and Maglev pick), conn.h (connection entries, the
+// insert cap, active-connection counts), csum.h (incremental checksums), route.h (the
+// forwarding decision, DR rewrite), nat.h (NAT: new flows, translation, ports, replies),
+// icmp.h (ICMP errors).
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>

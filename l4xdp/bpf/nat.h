@@ -12,38 +12,11 @@
 #include "bpf_endian.h"
 #include "maps.h"
 #include "parse.h"
+#include "csum.h"
+#include "conn.h"
 
 #define AF_INET 2
 #define AF_INET6 10
-
-/* Checksums are updated incrementally (RFC 1624: HC' = ~(~HC + ~m + m')), word by word in
- * the packet's own byte order, which a ones'-complement sum does not care about. */
-
-static __always_inline __u32 csum_words(__u32 acc, const void *from, const void *to, int words)
-{
-	const __u16 *o = from, *n = to;
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		if (i >= words)
-			break;
-		acc += (__u16)~o[i];
-		acc += n[i];
-	}
-	return acc;
-}
-
-static __always_inline __u16 csum_fold(__u32 s)
-{
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)s;
-}
-
-/* csum_apply folds the changes summed in acc into the checksum at *c. */
-static __always_inline void csum_apply(__u16 *c, __u32 acc)
-{
-	*c = ~csum_fold((__u16)~*c + acc);
-}
 
 /* A rewrite: the new source and destination of a packet (addresses as 16 bytes, IPv4
  * mapped; ports in network order). */
@@ -622,4 +595,59 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 	if (act != XDP_DROP)
 		count(&path_stats, PATH_NAT_REPLY, len);
 	return act;
+}
+
+/* nat_new starts NAT flow f to backend a->bidx: a port, then the connection entry, both
+ * remembered before the first packet leaves (a NAT flow cannot be forwarded unremembered:
+ * above the insert cap it is dropped). A RST or ICMP error of no known NAT flow has nothing
+ * to be translated by: dropped. Returns -1 with a filled for nat_forward (a->bidx changed
+ * when another CPU started the flow first), or the XDP action of a drop. Not inlined, and
+ * it does not call nat_forward itself: the stack of a call chain is what counts. */
+static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const struct vip_meta *vm, const struct backend *b,
+			      struct nat_args *a)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return XDP_DROP;
+	int tflags = a->tflags;
+	__u64 len = a->len, now = bpf_ktime_get_coarse_ns();
+	if (tflags & T_RST) {
+		count(&path_stats, PATH_TCP_RST, len);
+		return XDP_DROP;
+	}
+	if (tflags & T_ICMP)
+		return XDP_DROP;
+	if (!insert_allowed(now)) {
+		count(&path_stats, PATH_INSERT_REFUSED, len);
+		return XDP_DROP;
+	}
+	__u8 src_idx = 0;
+	__be16 port = 0;
+	if (nat_alloc(ctx, eth, f, b, vm, a->hash, now, &src_idx, &port) < 0) {
+		count(&path_stats, PATH_NAT_NO_PORT, len);
+		return XDP_DROP;
+	}
+	struct conn nc = {.backend = a->bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now, .nat_src = src_idx,
+			  .nat_port = port, .flags = C_NAT | ((tflags & T_FIN) ? 0 : C_COUNTED | ((tflags & T_SYN) ? C_SYN : 0))};
+	if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) != 0) {
+		/* Another CPU started the flow first (the same SYN twice): give the port back,
+		 * unless it is the one that CPU took (our probe found its entry, the flow's own),
+		 * and go where it went. */
+		struct conn *o = bpf_map_lookup_elem(&conns, f);
+		if (!o || o->nat_src != src_idx || o->nat_port != port)
+			nat_release(&nc, b, f);
+		if (!o || !(o->flags & C_NAT)) {
+			count(&path_stats, PATH_NAT_NO_PORT, len);
+			return XDP_DROP;
+		}
+		a->bidx = o->backend;
+		a->src_idx = o->nat_src;
+		a->port = o->nat_port;
+		return -1;
+	}
+	if (nc.flags & C_COUNTED)
+		count_active(a->bidx);
+	a->src_idx = src_idx;
+	a->port = port;
+	return -1;
 }

@@ -7,6 +7,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "pick.h"
+#include "conn.h"
 #include "nat.h"
 
 /* forward rewrites the frame for backend b (slot bidx) and sends it. */
@@ -22,121 +23,6 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, const
 	if (b->ifindex)
 		return bpf_redirect(b->ifindex, 0);
 	return XDP_TX;
-}
-
-/* conn_usable says whether entry c still holds for a packet of VIP vm: same VIP id, the
- * slot still the backend's it was pinned to (generation), not idle past the VIP's timeout,
- * and not a UDP flow of a down backend outside panic. */
-static __always_inline int conn_usable(const struct conn *c, const struct backend *b, const struct vip_meta *vm,
-				       __u8 proto, __u64 now)
-{
-	if (!b || !(b->flags & B_ALIVE) || c->vip_id != vm->id || c->gen != b->gen)
-		return 0;
-	if (now > c->last_seen && now - c->last_seen > (__u64)vm->idle_timeout * NSEC_PER_SEC)
-		return 0;
-	if (proto == IPPROTO_UDP && (b->flags & B_DOWN) && !(vm->flags & F_PANIC))
-		return 0;
-	return 1;
-}
-
-/* insert_allowed spends one of this CPU's inserts for the current second: above the cap a
- * new flow is forwarded by the table without being remembered (Katran's answer to floods),
- * so a flood cannot evict established flows faster than the cap allows. */
-static __always_inline int insert_allowed(__u64 now)
-{
-	__u32 zero = 0;
-	struct lb_config *cfg = bpf_map_lookup_elem(&config, &zero);
-	if (!cfg || cfg->insert_cap == 0)
-		return 1;
-	struct insert_budget *ib = bpf_map_lookup_elem(&insert_budget, &zero);
-	if (!ib)
-		return 1;
-	if (now - ib->window >= NSEC_PER_SEC) {
-		ib->window = now;
-		ib->used = 0;
-	}
-	if (ib->used >= cfg->insert_cap)
-		return 0;
-	ib->used++;
-	return 1;
-}
-
-/* uncount takes entry c out of its backend's active connections, once: of every CPU that
- * sees the flag set, only the one whose atomic clear found it set subtracts. A slot that
- * changed hands since (another generation) had its count reset by the loader. */
-static __always_inline void uncount(struct conn *c, const struct backend *b)
-{
-	if (!(c->flags & C_COUNTED))
-		return;
-	__u32 old = __sync_fetch_and_and((__u32 *)&c->flags, ~(__u32)C_COUNTED);
-	if (!(old & C_COUNTED) || !b || c->gen != b->gen)
-		return;
-	__u32 slot = c->backend;
-	__s64 *a = bpf_map_lookup_elem(&active, &slot);
-	if (a)
-		__sync_fetch_and_add(a, -1);
-}
-
-static __always_inline void count_active(__u32 slot)
-{
-	__s64 *a = bpf_map_lookup_elem(&active, &slot);
-	if (a)
-		__sync_fetch_and_add(a, 1);
-}
-
-/* nat_new starts NAT flow f to backend a->bidx: a port, then the connection entry, both
- * remembered before the first packet leaves (a NAT flow cannot be forwarded unremembered:
- * above the insert cap it is dropped). A RST or ICMP error of no known NAT flow has nothing
- * to be translated by: dropped. Returns -1 with a filled for nat_forward (a->bidx changed
- * when another CPU started the flow first), or the XDP action of a drop. Not inlined, and
- * it does not call nat_forward itself: the stack of a call chain is what counts. */
-static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const struct vip_meta *vm, const struct backend *b,
-			      struct nat_args *a)
-{
-	struct ethhdr *eth = (void *)(long)ctx->data;
-	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
-		return XDP_DROP;
-	int tflags = a->tflags;
-	__u64 len = a->len, now = bpf_ktime_get_coarse_ns();
-	if (tflags & T_RST) {
-		count(&path_stats, PATH_TCP_RST, len);
-		return XDP_DROP;
-	}
-	if (tflags & T_ICMP)
-		return XDP_DROP;
-	if (!insert_allowed(now)) {
-		count(&path_stats, PATH_INSERT_REFUSED, len);
-		return XDP_DROP;
-	}
-	__u8 src_idx = 0;
-	__be16 port = 0;
-	if (nat_alloc(ctx, eth, f, b, vm, a->hash, now, &src_idx, &port) < 0) {
-		count(&path_stats, PATH_NAT_NO_PORT, len);
-		return XDP_DROP;
-	}
-	struct conn nc = {.backend = a->bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now, .nat_src = src_idx,
-			  .nat_port = port, .flags = C_NAT | ((tflags & T_FIN) ? 0 : C_COUNTED | ((tflags & T_SYN) ? C_SYN : 0))};
-	if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) != 0) {
-		/* Another CPU started the flow first (the same SYN twice): give the port back,
-		 * unless it is the one that CPU took (our probe found its entry, the flow's own),
-		 * and go where it went. */
-		struct conn *o = bpf_map_lookup_elem(&conns, f);
-		if (!o || o->nat_src != src_idx || o->nat_port != port)
-			nat_release(&nc, b, f);
-		if (!o || !(o->flags & C_NAT)) {
-			count(&path_stats, PATH_NAT_NO_PORT, len);
-			return XDP_DROP;
-		}
-		a->bidx = o->backend;
-		a->src_idx = o->nat_src;
-		a->port = o->nat_port;
-		return -1;
-	}
-	if (nc.flags & C_COUNTED)
-		count_active(a->bidx);
-	a->src_idx = src_idx;
-	a->port = port;
-	return -1;
 }
 
 /* route sends a flow of a VIP: connection table first, then the pick. A SYN uses its entry

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
@@ -85,20 +85,15 @@ func (c *collector) waitTransition(t *testing.T, timeout time.Duration, from int
 // tcpBackend is a real listener on 127.0.0.1 that can be closed (connections
 // refused) and reopened on the same port.
 type tcpBackend struct {
-	t       *testing.T
-	addr    string
-	mu      sync.Mutex
-	ln      net.Listener
-	wg      sync.WaitGroup
-	accepts atomic.Int64
+	t    *testing.T
+	addr string
+	mu   sync.Mutex
+	srv  *loopback.Server // nil while down
 }
 
 func newTCPBackend(t *testing.T) *tcpBackend {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
+	ln := loopback.Listen(t)
 	b := &tcpBackend{t: t, addr: ln.Addr().String()}
 	b.serve(ln)
 	t.Cleanup(b.down)
@@ -106,32 +101,20 @@ func newTCPBackend(t *testing.T) *tcpBackend {
 }
 
 func (b *tcpBackend) serve(ln net.Listener) {
+	srv := loopback.AcceptAndClose(b.t, ln)
 	b.mu.Lock()
-	b.ln = ln
+	b.srv = srv
 	b.mu.Unlock()
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			b.accepts.Add(1)
-			c.Close()
-		}
-	}()
 }
 
 // down closes the listener; from its return on, connections are refused.
 func (b *tcpBackend) down() {
 	b.mu.Lock()
-	ln := b.ln
-	b.ln = nil
+	srv := b.srv
+	b.srv = nil
 	b.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-		b.wg.Wait()
+	if srv != nil {
+		srv.Close()
 	}
 }
 

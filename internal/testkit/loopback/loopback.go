@@ -1,4 +1,5 @@
-// Package loopback hands tests listeners and ports on 127.0.0.1.
+// Package loopback hands tests listeners and ports on 127.0.0.1, and serves listeners (its
+// own or a network namespace's) until the test ends.
 package loopback
 
 import (

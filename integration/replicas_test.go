@@ -300,7 +300,6 @@ http://%s {
 			server  %s %s %s
 			service rpc
 			node_id fleet/caddy
-			allow_loopback
 		}
 		lb_policy sticky_header x-session {
 			no_table

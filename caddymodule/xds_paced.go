@@ -1,12 +1,15 @@
 package caddymodule
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 // A control plane may send a new version every few milliseconds. A Caddy node applies each
@@ -38,4 +41,28 @@ func (s *xdsSub) paced() *xdsPacing {
 func (s *xdsSub) waited(w fleetview.Waiting) {
 	s.log.Warn("a service's cluster came without its endpoints: waiting for them", zap.String("service", w.Service),
 		zap.Bool("serving_last_good_state", w.Kept))
+}
+
+// xdsFeeds is how each live subscription stands with its control plane, by server and
+// node, for status.json: connected, last update, the services waiting for their endpoints
+// and the backends its sources leave out.
+func xdsFeeds() []status.Feed {
+	var out []status.Feed
+	subPool.Range(func(_, v any) bool {
+		if s, ok := v.(*xdsSub); ok {
+			out = append(out, s.feed())
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b status.Feed) int { return strings.Compare(a.Server+"\x00"+a.Node, b.Server+"\x00"+b.Node) })
+	return out
+}
+
+// feed is the subscription's status.Feed.
+func (s *xdsSub) feed() status.Feed {
+	var conn fleetview.Conn
+	if s.client != nil {
+		conn = s.client
+	}
+	return fleetview.Feed(s.server, s.node, conn, s.asm, &s.refusals)
 }

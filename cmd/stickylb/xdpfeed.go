@@ -75,15 +75,5 @@ func (f *xdpFeed) own(v *fleetview.View) func(netip.AddrPort) string {
 
 // status is the feed as status.json lists it.
 func (f *xdpFeed) status(server, node string) status.Feed {
-	fd := status.Feed{Server: server, Node: node, Connected: f.c.Connected()}
-	if t := f.c.LastUpdate(); !t.IsZero() {
-		fd.LastUpdate = &t
-	}
-	for _, w := range f.asm.Waiting() {
-		fd.Waiting = append(fd.Waiting, status.FeedWaiting{Service: w.Service, Since: w.Since, Kept: w.Kept})
-	}
-	for _, r := range f.refusals.List() {
-		fd.Refused = append(fd.Refused, status.FeedRefused{Service: r.Service, Address: r.Address, Reason: r.Reason})
-	}
-	return fd
+	return fleetview.Feed(server, node, f.c, f.asm, &f.refusals)
 }

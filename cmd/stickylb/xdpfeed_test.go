@@ -216,3 +216,43 @@ func netipAddrPort(t *testing.T, s string) netip.AddrPort {
 	}
 	return ap
 }
+
+// An XDP node whose control plane stops sending one VIP's endpoints applies the other
+// VIP's update (ACKed), keeps forwarding the waiting VIP by its last good table, and lists
+// it in status.json as waiting, and since when.
+func TestXDPFedWaitsForEndpoints(t *testing.T) {
+	r := newFedRig(t, "slwt")
+	const metrics = "127.0.0.1:9913"
+	second := "  - name: edge2\n    protocol: tcp\n    vip: 10.200.100.2:80\n    affinity: {mode: none}\n    balance: maglev\n    backends:\n" +
+		"      - {address: 10.200.0.21:80, mac: \"02:00:00:00:00:21\"}\n"
+	f1, err := pools.Parse("pools.yaml", []byte(edgeFile(1)+second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, ls := fleetview.Encode(f1, nil)
+	v := r.cp.Set(t, cs, ls)
+	r.run(t, "--metrics", metrics)
+	r.acked(t, v)
+	// Version 2: edge gains a backend; edge2's endpoints are missing.
+	f2, err := pools.Parse("pools.yaml", []byte(edgeFile(2)+second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs2, ls2 := fleetview.Encode(f2, nil)
+	sent := time.Now()
+	r.acked(t, r.cp.Set(t, cs2, ls2[:1]))
+	got := r.tables(t)
+	if !slices.Equal(got["edge"], []string{"edge/10.200.0.11:80", "edge/10.200.0.12:80"}) {
+		t.Fatalf("edge's table holds %q after version 2, want its two backends: one VIP without endpoints held the view back", got["edge"])
+	}
+	if !slices.Equal(got["edge2"], []string{"edge2/10.200.0.21:80"}) {
+		t.Fatalf("edge2, waiting for its endpoints, has the table %q, want its last good one", got["edge2"])
+	}
+	snap := r.status(t, metrics)
+	if len(snap.Feeds) != 1 || len(snap.Feeds[0].Waiting) != 1 {
+		t.Fatalf("status.json feeds %+v", snap.Feeds)
+	}
+	if w := snap.Feeds[0].Waiting[0]; w.Service != "edge2" || !w.Kept || w.Since.Before(sent.Add(-time.Second)) {
+		t.Fatalf("status.json: waiting %+v, want edge2 since the version sent at %s, its last state kept", w, sent)
+	}
+}

@@ -8,6 +8,11 @@
 // contract layer between the xds adapter and the node tiers (l4xdp's command, caddymodule):
 // it imports the Envoy API types, protobuf and policies only, never an adapter.
 //
+// What a node accepts is decided here too, once for both tiers: a view is held to the
+// pools file's limits as it is decoded (names, zones, hash keys, weights; over them it is
+// NACKed), an Assembler applies what is complete while a cluster waits for its endpoints,
+// and an Admission leaves out the endpoints a node must not dial (admit.go).
+//
 // Envoy types are used, not a type of the project's own, so that go-control-plane's
 // snapshot cache serves them (it refuses unknown type URLs) and Envoy's validation rules
 // check them; separate snapshot groups (one for XDP nodes, one for Caddy nodes) keep them

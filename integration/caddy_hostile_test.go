@@ -52,21 +52,7 @@ func TestCaddyXDSHugeView(t *testing.T) {
 	v1 := cp.Set(t, cs, ls)
 	dir := t.TempDir()
 	caddyfile := filepath.Join(dir, "Caddyfile")
-	writeAtomic(t, caddyfile, fmt.Sprintf(`{
-	admin off
-	persist_config off
-	auto_https off
-}
-http://127.0.0.1:%d {
-	reverse_proxy {
-		dynamic stickylb_xds {
-			server  %s
-			service api
-			node_id huge/caddy
-		}
-	}
-}
-`, freePort(t), cp.Addr))
+	writeAtomic(t, caddyfile, cxCaddyfile(freePort(t), cp.Addr, "huge/caddy", "", ""))
 	data := filepath.Join(dir, "data")
 	caddy := runCaddy(t, caddyfile, "XDG_DATA_HOME="+data)
 	testwait.For(t, 30*time.Second, "Caddy's ACK of the first view", func() (bool, string) {

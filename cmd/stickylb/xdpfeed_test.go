@@ -2,20 +2,14 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -80,40 +74,8 @@ func (r *fedRig) serve(t *testing.T, src string, addrs ...string) string {
 // too).
 func (r *fedRig) run(t *testing.T, args ...string) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", r.kit.Name("lb"), r.bin, "xdp", "--xds", r.cp.Addr,
-		"--iface", "d0", "--mode", "generic", "--pin-root", r.pinRoot}, args...)...)
-	logf, err := os.Create(filepath.Join(t.TempDir(), "xdp.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = logf
-	logs := func() string { b, _ := os.ReadFile(logf.Name()); return string(b) }
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-			cancel()
-			logf.Close()
-			if t.Failed() {
-				t.Logf("stickylb xdp %s log:\n%s", strings.Join(args, " "), logs())
-			}
-		})
-	}
-	t.Cleanup(stop)
-	sc := bufio.NewScanner(stdout)
-	if !sc.Scan() || sc.Text() != "ready" {
-		t.Fatalf("stickylb xdp did not start: %s", logs())
-	}
-	return stop
+	return startXDPProc(t, r.kit, "lb", r.bin, append([]string{"xdp", "--xds", r.cp.Addr, "--iface", "d0", "--mode", "generic",
+		"--pin-root", r.pinRoot}, args...)...).stop
 }
 
 // acked waits for the node's ACK of version v of the endpoints.

@@ -69,8 +69,9 @@ type XDSUpstreams struct {
 	// Without it they are left out, as link-local and unspecified addresses always are,
 	// and this Caddy's own listeners (its admin API first) are left out either way.
 	AllowLoopback bool `json:"allow_loopback,omitempty"`
-	// MaxMessageSize bounds one response from the control plane, in bytes (default 16 MiB,
-	// about 60,000 endpoints): a larger one ends the stream before it is read.
+	// MaxMessageSize bounds one response from the control plane, in bytes (default 16 MiB:
+	// about 90,000 endpoints, at 180 bytes each with their metadata): a larger one ends
+	// the stream before it is read.
 	MaxMessageSize int `json:"max_message_size,omitempty"`
 
 	sub    *xdsSub

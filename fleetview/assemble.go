@@ -37,7 +37,6 @@ type Assembler struct {
 	clusters, endpoints map[string]proto.Message
 	last                *View                // the view last applied
 	waiting             map[string]time.Time // service -> since when it waits
-	now                 func() time.Time     // the clock (nil: time.Now)
 }
 
 // Clusters is the handler of the Cluster subscription.
@@ -47,10 +46,8 @@ func (a *Assembler) Clusters(_ string, res map[string]proto.Message) error {
 	if res == nil {
 		res = map[string]proto.Message{} // received, and empty
 	}
-	if a.endpoints != nil {
-		if err := a.try(res, a.endpoints); err != nil {
-			return err
-		}
+	if err := a.try(res, a.endpoints); err != nil {
+		return err
 	}
 	a.clusters = res
 	return nil
@@ -95,9 +92,8 @@ func (a *Assembler) try(cs, es map[string]proto.Message) error {
 	if err != nil && !errors.Is(err, ErrIncomplete) {
 		return err
 	}
-	now := time.Now
-	if a.now != nil {
-		now = a.now
+	if es == nil {
+		return nil // clusters checked; no endpoints yet, nothing to apply
 	}
 	waiting := map[string]time.Time{}
 	var started []Waiting
@@ -105,7 +101,7 @@ func (a *Assembler) try(cs, es map[string]proto.Message) error {
 		w.Kept = a.keep(v, w.Service)
 		w.Since = a.waiting[w.Service]
 		if w.Since.IsZero() {
-			w.Since = now()
+			w.Since = time.Now()
 			started = append(started, w)
 		}
 		v.Waiting[i] = w

@@ -276,7 +276,7 @@ func decodeView(clusters, assignments map[string]proto.Message, readCluster func
 	v := &View{File: &pools.File{Filename: "xds"}, Verdicts: map[string]Verdict{}}
 	for _, name := range slices.Sorted(maps.Keys(clusters)) {
 		if !pools.ValidName(name) {
-			return nil, fmt.Errorf("cluster %s: the name of a pools file's service is %d lowercase letters, digits and '-' at most", clip(name), pools.MaxNameLength)
+			return nil, fmt.Errorf("cluster %s: not a service name of a pools file (lowercase letters, digits and '-', at most %d)", clip(name), pools.MaxNameLength)
 		}
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {

@@ -8,9 +8,11 @@ import (
 	"time"
 	"unsafe"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/stickylb/stickylb/adsclient"
@@ -90,8 +92,10 @@ func TestXDSSourceVersionFlood(t *testing.T) {
 	for time.Now().Before(end) {
 		versions++
 		last = uint32(versions%9000 + 1)
-		ls[0].Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(last)
-		cp.Set(t, cs, ls)
+		// A new message each version: the control plane may still be marshalling the last.
+		l := proto.Clone(ls[0]).(*endpointv3.ClusterLoadAssignment)
+		l.Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(last)
+		cp.Set(t, cs, append([]*endpointv3.ClusterLoadAssignment{l}, ls[1:]...))
 		time.Sleep(5 * time.Millisecond) // the flood's pace: a version every 5 ms
 	}
 	testwait.For(t, 10*time.Second, "the last version applied", func() (bool, string) {

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/stickylb/stickylb/fleetview"
@@ -46,9 +48,10 @@ func TestXDSSourceWaitsForEndpoints(t *testing.T) {
 	acked(v1)
 
 	// Version 2: api's weight changes; rpc's endpoints are missing.
-	ls[0].Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(7)
+	api2 := proto.Clone(ls[0]).(*endpointv3.ClusterLoadAssignment) // the control plane may still marshal version 1
+	api2.Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(7)
 	before := time.Now()
-	acked(cp.Set(t, cs, ls[:1]))
+	acked(cp.Set(t, cs, []*endpointv3.ClusterLoadAssignment{api2}))
 	if w, _ := xdsTable.weight("10.0.7.1:80"); w != 7 {
 		t.Fatalf("api's weight %v after version 2, want 7: one cluster without endpoints held the view back", w)
 	}

@@ -51,6 +51,7 @@ struct backend {
 			     * loader's writes of the slot clear it) */
 };
 
+/* Aligned to 8: hash_flow reads it as five 64-bit words. */
 struct flow {
 	__u8 src[16];
 	__u8 dst[16];
@@ -58,7 +59,7 @@ struct flow {
 	__u16 dport;
 	__u8 proto;
 	__u8 pad[3];
-};
+} __attribute__((aligned(8)));
 
 /* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
  * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
@@ -121,6 +122,12 @@ struct lb_config {
 	__u16 nat_port_hi;
 	__u32 nat_v4;     /* IPv4 NAT sources (nat_sources[0..nat_v4-1]) */
 	__u32 nat_v6;     /* IPv6 NAT sources (nat_sources[8..8+nat_v6-1]) */
+};
+
+/* A CPU's reading of the coarse clock and the jiffy it was read in (see now_ns). */
+struct cpu_clock {
+	__u64 jiffies;
+	__u64 ns;
 };
 
 /* A CPU's insert budget: inserts made in the current one-second window. */

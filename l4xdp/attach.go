@@ -73,9 +73,9 @@ const (
 )
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config and
-// NAT sources (written from its flags), the per-CPU insert budgets, schedule positions and
-// NAT and tunnel scratch space.
-var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch", "tunnel_scratch"}
+// NAT sources (written from its flags), the per-CPU insert budgets, clock readings, schedule
+// positions and NAT and tunnel scratch space.
+var transientMaps = []string{"config", "insert_budget", "cpu_clock", "sched_pos", "nat_sources", "nat_scratch", "tunnel_scratch"}
 
 // pinnedMaps are the program's other maps, the state a restarted loader adopts: every map of
 // the generated bindings but the transient ones, so a map added to the program is pinned

@@ -257,9 +257,9 @@ func (fl tunFlow) pkt(flags string, payload []byte) natfxPkt {
 		dport: fl.vip.Port(), proto: fl.proto, flags: flags, payload: payload}
 }
 
-// hash is the flow's hash as the pick computes it (FNV-1a over the flow key).
+// hash is the flow's hash as the pick computes it (flowHash).
 func (fl tunFlow) hash() uint32 {
-	return fnv1a(flowHashInput(fl.client.Addr(), fl.vip.Addr(), fl.client.Port(), fl.vip.Port(), fl.proto, false))
+	return flowHash(fl.client.Addr(), fl.vip.Addr(), fl.client.Port(), fl.vip.Port(), fl.proto, false)
 }
 
 func (fl tunFlow) key() lbFlow {
@@ -377,7 +377,7 @@ func tunnelFixtures(t *testing.T) []packetScenario {
 	fragIn[14+6] = 0x20 // more fragments (and no DF)
 	binary.BigEndian.PutUint16(fragIn[14+10:], 0)
 	binary.BigEndian.PutUint16(fragIn[14+10:], ipv4Checksum(fragIn[14:34]))
-	fragHash := fnv1a(flowHashInput(u.client.Addr(), u.vip.Addr(), 0, 0, 17, false))
+	fragHash := flowHash(u.client.Addr(), u.vip.Addr(), 0, 0, 17, false)
 	pf, _ := abc.pair(fragHash)
 	fragOut := tunneled(t, frag, pf, netip.Addr{})
 	copy(fragOut[14+20+8+12:], fragIn[14:34]) // the inner header as it came, MF set

@@ -53,6 +53,7 @@ struct backend {
 			     * program; the loader's writes of the slot clear it) */
 };
 
+/* Aligned to 8: hash_flow reads it as five 64-bit words. */
 struct flow {
 	__u8 src[16];
 	__u8 dst[16];
@@ -60,7 +61,7 @@ struct flow {
 	__u16 dport;
 	__u8 proto;
 	__u8 pad[3];
-};
+} __attribute__((aligned(8)));
 
 /* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
  * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
@@ -125,6 +126,12 @@ struct lb_config {
 	__u32 nat_v6;     /* IPv6 NAT sources (nat_sources[8..8+nat_v6-1]) */
 	__u8 tunnel_v4[4];  /* the tunnel's outer source address, IPv4 (0: none) */
 	__u8 tunnel_v6[16]; /* and IPv6 */
+};
+
+/* A CPU's reading of the coarse clock and the jiffy it was read in (see now_ns). */
+struct cpu_clock {
+	__u64 jiffies;
+	__u64 ns;
 };
 
 /* A CPU's insert budget: inserts made in the current one-second window. */

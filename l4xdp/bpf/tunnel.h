@@ -79,7 +79,7 @@ struct tunnel_args {
 	__u32 second; /* the secondary's slot, NO_SECOND: none */
 	__u32 pad;
 	__u64 len;
-	__u64 now;    /* the caller's bpf_ktime_get_coarse_ns(), 0: read it here */
+	__u64 now;    /* the caller's now_ns(), 0: read it here */
 };
 
 /* A CPU's scratch space for tunnel_forward and tunnel_too_big: the XDP stack of the forwarding path leaves it
@@ -246,7 +246,7 @@ static __noinline int tunnel_forward(struct xdp_md *ctx, const struct flow *f, s
 		count(&path_stats, PATH_TUNNEL_NO_ROUTE, len); /* no source of the family */
 		return XDP_DROP;
 	}
-	__u64 now = a->now ? a->now : bpf_ktime_get_coarse_ns();
+	__u64 now = a->now ? a->now : now_ns();
 	if (!b->nh.at || now > b->nh.at + NSEC_PER_SEC) {
 		/* The FIB's answer is a second old (the only time the source is needed mapped). */
 		__u32 zero = 0;

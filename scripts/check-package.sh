@@ -40,6 +40,7 @@ expected=$(
 	cat <<'EOF'
 /etc/stickylb/pools.yaml
 /usr/bin/stickylb
+/usr/lib/systemd/system/stickylb-backend@.service
 /usr/lib/systemd/system/stickylb-xdp@.service
 /usr/lib/systemd/system/stickylb-xds.service
 /usr/lib/sysusers.d/stickylb.conf

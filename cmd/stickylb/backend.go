@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/buildinfo"
 	"github.com/stickylb/stickylb/l4xdp/agent"
 )
 
@@ -201,7 +202,11 @@ func serveBackendMetrics(m httpAddr, a *agent.Agent, log *zap.Logger) (stop func
 	return stop, err
 }
 
+// backendMetricsHandler serves the agent's metrics address: status.json, and the Prometheus
+// metrics of reg at every other path. It adds stickylb_build_info to reg, as the other
+// tiers' handlers do.
 func backendMetricsHandler(a *agent.Agent, reg *prometheus.Registry, log *zap.Logger) http.Handler {
+	reg.MustRegister(buildinfo.Collector())
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /status.json", func(w http.ResponseWriter, _ *http.Request) {

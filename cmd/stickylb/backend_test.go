@@ -78,7 +78,7 @@ func TestBackendMetrics(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	for _, w := range []string{`stickylb_backend_packets_total{path="second_chance"} 0`, `stickylb_backend_packets_total{path="decap"} 0`,
-		`stickylb_backend_bytes_total{path="refused"} 0`, "stickylb_backend_local_addresses "} {
+		`stickylb_backend_bytes_total{path="refused"} 0`, "stickylb_backend_local_addresses ", "stickylb_build_info{"} {
 		if !strings.Contains(rec.Body.String(), w) {
 			t.Errorf("metrics lack %q:\n%s", w, rec.Body.String())
 		}

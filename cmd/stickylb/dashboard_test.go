@@ -105,9 +105,10 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	xdpMetricsHandler(nil, xreg, nil, nil, nil, zap.NewNop())
 	describe("xdp", xreg)
 
-	// The backend agent's (`stickylb backend --metrics`).
+	// The backend agent's and what its metrics handler adds (`stickylb backend --metrics`).
 	backreg := prometheus.NewRegistry()
 	backreg.MustRegister(backendCollector{})
+	backendMetricsHandler(nil, backreg, zap.NewNop())
 	describe("backend", backreg)
 
 	// The BGP speaker's, which `stickylb xdp --bgp-*` adds to the node's.

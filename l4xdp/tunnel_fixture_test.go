@@ -201,13 +201,18 @@ func guePrivate(v6 bool, hops uint8, second netip.Addr) []byte {
 // class copied to the outer header.
 func tunneled(t testing.TB, p natfxPkt, backend, second netip.Addr) []byte {
 	t.Helper()
-	inner := p.l3(t)
-	h := tunnelHash(p.src, p.sport, p.dport)
+	return tunneledIP(t, p.l3(t), p.src, p.sport, p.dport, backend, second)
+}
+
+// tunneledIP is tunneled for IP packet inner of the flow from src:sport to port dport.
+func tunneledIP(t testing.TB, inner []byte, src netip.Addr, sport, dport uint16, backend, second netip.Addr) []byte {
+	t.Helper()
+	h := tunnelHash(src, sport, dport)
 	hops := uint8(0)
 	if second.IsValid() {
 		hops = 1
 	}
-	v6 := p.src.Is6()
+	v6 := src.Is6()
 	udp := &layers.UDP{SrcPort: layers.UDPPort(0xc000 | h&0x3fff), DstPort: tunnelPort}
 	payload := append(guePrivate(v6, hops, second), inner...)
 	var b []byte

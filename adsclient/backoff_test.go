@@ -78,20 +78,8 @@ func TestReconnectBackoffResetsAfterHealthyStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close() // nothing listens there until the server starts
-	var mu sync.Mutex
-	var waits []time.Duration
-	clock := func(d time.Duration) <-chan time.Time {
-		mu.Lock()
-		waits = append(waits, d)
-		mu.Unlock()
-		return time.After(time.Millisecond) // the waits are recorded, not waited
-	}
-	recorded := func() []time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]time.Duration(nil), waits...)
-	}
+	ln.Close()                                          // nothing listens there until the server starts
+	clock, recorded := recordingClock(time.Millisecond) // the waits are recorded, not waited
 	const initial, maxWait = 100 * time.Millisecond, 800 * time.Millisecond
 	rec := newRecorder()
 	c := newClient(t, Config{Server: addr, NodeID: "n", Backoff: Backoff{Initial: initial, Max: maxWait}}, rec,
@@ -119,4 +107,67 @@ func TestReconnectBackoffResetsAfterHealthyStream(t *testing.T) {
 	if c.Connected() {
 		t.Error("connected with the server stopped")
 	}
+}
+
+// TestServersTriedInRounds: with several servers the client tries the next at once when a
+// stream fails or is refused, and waits (backoff with jitter) only after a full round of
+// the list: a live second server is reached with no wait, and while none listens there is
+// one wait per three attempts.
+func TestServersTriedInRounds(t *testing.T) {
+	closed := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	clock, recorded := recordingClock(20 * time.Millisecond)
+	base := 0 // waits recorded before the client counted
+	counts := func(c *Client) (int, uint64) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(recorded()) - base, c.streamEnds
+	}
+	cache := cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)
+	if err := cache.SetSnapshot(context.Background(), "n", snapshot(t, "1", 1, clusterv3.Cluster_ROUND_ROBIN)); err != nil {
+		t.Fatal(err)
+	}
+	live := startServer(t, "", cache)
+	c := newClient(t, Config{Servers: []string{closed(), live.addr}, NodeID: "n"}, newRecorder(),
+		func(c *Client) { c.after = clock })
+	testwait.For(t, wait, "ACK from the second server", func() (bool, string) { return live.acked("n", cds, "1"), "" })
+	if w, ends := counts(c); w != 0 || ends != 1 {
+		t.Fatalf("reaching the second server took %d waits and %d stream ends, want 0 and 1", w, ends)
+	}
+
+	dead := []string{closed(), closed(), closed()}
+	base = len(recorded()) // c is connected: it records no wait
+	c2 := newClient(t, Config{Servers: dead, NodeID: "n2"}, newRecorder(), func(c *Client) { c.after = clock })
+	testwait.For(t, wait, "three rounds", func() (bool, string) {
+		w, ends := counts(c2)
+		return w >= 3, fmt.Sprint(w, " waits ", ends, " ends")
+	})
+	if w, ends := counts(c2); ends < uint64(3*w) || ends > uint64(3*(w+1)) {
+		t.Fatalf("%d stream ends for %d waits, want 3 per wait", ends, w)
+	}
+}
+
+// recordingClock is a client clock that records each wait asked of it and waits wait
+// instead; recorded returns the waits so far.
+func recordingClock(wait time.Duration) (clock func(time.Duration) <-chan time.Time, recorded func() []time.Duration) {
+	var mu sync.Mutex
+	var waits []time.Duration
+	clock = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		return time.After(wait)
+	}
+	recorded = func() []time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Duration(nil), waits...)
+	}
+	return clock, recorded
 }

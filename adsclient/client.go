@@ -47,6 +47,7 @@ type Client struct {
 	started    bool
 	cancel     context.CancelFunc
 	connected  bool
+	server     string // the server of the current (or last) stream
 	lastUpdate time.Time
 	lastErr    error
 	streamEnds uint64
@@ -228,8 +229,12 @@ func (c *Client) Version(typeURL string) string {
 func (c *Client) run(ctx context.Context) {
 	defer c.wg.Done()
 	bo := backoff{cfg: c.cfg.Backoff, rand: c.rand}
+	// attempts counts the streams since the last healthy one or the last wait: the client
+	// waits only after a full round of the list has failed.
+	next, attempts := 0, 0
 	for {
-		healthy, err := c.stream(ctx)
+		server := c.cfg.Servers[next]
+		healthy, err := c.stream(ctx, server)
 		c.mu.Lock()
 		c.connected = false
 		c.streamEnds++
@@ -240,9 +245,17 @@ func (c *Client) run(ctx context.Context) {
 		}
 		if healthy {
 			bo.reset()
+			attempts = 0
+		}
+		attempts++
+		next = (next + 1) % len(c.cfg.Servers)
+		if attempts%len(c.cfg.Servers) != 0 {
+			c.log.Warn("xDS stream ended; trying the next server", zap.String("server", server), zap.Error(err),
+				zap.String("next", c.cfg.Servers[next]))
+			continue
 		}
 		wait := bo.next()
-		c.log.Warn("xDS stream ended; reconnecting", zap.Error(err), zap.Duration("after", wait))
+		c.log.Warn("xDS stream ended; reconnecting", zap.String("server", server), zap.Error(err), zap.Duration("after", wait))
 		select {
 		case <-ctx.Done():
 			return
@@ -264,14 +277,14 @@ type typeStream struct {
 
 // stream runs one ADS stream until it fails or ctx ends; healthy reports whether it
 // received a response (which resets the backoff).
-func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
+func (c *Client) stream(ctx context.Context, server string) (healthy bool, err error) {
 	opts, err := c.cfg.dialOptions()
 	if err != nil {
 		return false, err
 	}
-	conn, err := grpc.NewClient(c.cfg.Server, opts...)
+	conn, err := grpc.NewClient(server, opts...)
 	if err != nil {
-		return false, fmt.Errorf("dialing %s: %w", c.cfg.Server, err)
+		return false, fmt.Errorf("dialing %s: %w", server, err)
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
@@ -285,12 +298,12 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 	// With fail-fast RPCs the stream opens only over a ready transport (TLS done), so the
 	// node counts as connected from here.
 	c.mu.Lock()
-	c.connected = true
+	c.connected, c.server = true, server
 	for _, s := range c.subs {
 		s.rejected, s.nacks = nil, 0 // a new stream gives a rejected update one more try
 	}
 	c.mu.Unlock()
-	c.log.Info("xDS stream up")
+	c.log.Info("xDS stream up", zap.String("server", server))
 	resps, recvErr := receive(ctx, st, &recvWG)
 	return c.exchange(ctx, st, resps, recvErr)
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -19,6 +20,11 @@ import (
 type Config struct {
 	// Server is the control plane's host:port.
 	Server string
+	// Servers lists the control plane's replicas (host:port each), tried in order: the
+	// client stays on one while its stream lasts, tries the next at once when a stream
+	// fails or is refused, and backs off only between full rounds of the list. Server, when
+	// set, is the list's first entry.
+	Servers []string
 	// NodeID is sent as node.id; the control plane keys its per-node state by it, so it must
 	// be unique in the fleet (and stable across restarts of this node).
 	NodeID string
@@ -78,9 +84,18 @@ const (
 
 // withDefaults fills the zero fields and checks the rest.
 func (c Config) withDefaults() (Config, error) {
-	if c.Server == "" {
+	if c.Server != "" && (len(c.Servers) == 0 || c.Servers[0] != c.Server) {
+		c.Servers = append([]string{c.Server}, c.Servers...)
+	}
+	if len(c.Servers) == 0 {
 		return c, errors.New("adsclient: no server address")
 	}
+	for _, s := range c.Servers {
+		if s == "" {
+			return c, errors.New("adsclient: an empty server address in the list")
+		}
+	}
+	c.Server = strings.Join(c.Servers, ",")
 	if c.NodeID == "" {
 		return c, errors.New("adsclient: no node id")
 	}

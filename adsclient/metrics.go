@@ -11,7 +11,7 @@ import (
 type collector struct {
 	c                                  *Client
 	connected, lastUpdate, age, reconn *prometheus.Desc
-	updates                            *prometheus.Desc
+	updates, server                    *prometheus.Desc
 }
 
 // Collector returns a Prometheus collector of the client's state, for the adapter to
@@ -34,12 +34,14 @@ func (c *Client) Collector() prometheus.Collector {
 			"ADS streams (or connection attempts) that ended; each is followed by a reconnect.", nil, labels),
 		updates: prometheus.NewDesc("stickylb_xds_updates_total",
 			"Responses from the control plane, by type URL and result.", []string{"type", "result"}, labels),
+		server: prometheus.NewDesc("stickylb_xds_current_server",
+			"1 for the control-plane address (of the list) the current or last stream went to.", []string{"address"}, labels),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.connected, m.lastUpdate, m.age, m.reconn, m.updates} {
+	for _, d := range []*prometheus.Desc{m.connected, m.lastUpdate, m.age, m.reconn, m.updates, m.server} {
 		ch <- d
 	}
 }
@@ -48,7 +50,7 @@ func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	c := m.c
 	c.mu.Lock()
-	connected, last, ends := c.connected, c.lastUpdate, c.streamEnds
+	connected, last, ends, server := c.connected, c.lastUpdate, c.streamEnds, c.server
 	counts := make(map[updateKey]uint64, len(c.counts))
 	for k, v := range c.counts {
 		counts[k] = v
@@ -64,6 +66,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.age, prometheus.GaugeValue, time.Since(last).Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(m.reconn, prometheus.CounterValue, float64(ends))
+	if server != "" {
+		ch <- prometheus.MustNewConstMetric(m.server, prometheus.GaugeValue, 1, server)
+	}
 	for k, v := range counts {
 		ch <- prometheus.MustNewConstMetric(m.updates, prometheus.CounterValue, float64(v), k.typeURL, k.result)
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,10 @@ func init() {
 type XDSUpstreams struct {
 	// Server is the control plane's host:port.
 	Server string `json:"server,omitempty"`
+	// Servers are the control plane's replicas, tried in order (after Server when both are
+	// set): the source stays on one while its stream lasts and tries the next at once when
+	// it fails or is refused.
+	Servers []string `json:"servers,omitempty"`
 	// Service names the pools file's service whose backends this source returns.
 	Service string `json:"service,omitempty"`
 	// NodeID is this node's id at the control plane (default HOST/caddy).
@@ -92,13 +97,14 @@ func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
 		}
 		x.NodeID = host + "/caddy"
 	}
-	cfg := adsclient.Config{Server: x.Server, NodeID: x.NodeID, Zone: x.Zone,
+	cfg := adsclient.Config{Server: x.Server, Servers: x.Servers, NodeID: x.NodeID, Zone: x.Zone,
 		UserAgentName: fleetview.UserAgentCaddy, TLS: adsclient.TLS{CAFile: x.CA, CertFile: x.Cert, KeyFile: x.Key}}
 	// The key holds everything the connection depends on: a reload that changes the zone or
 	// the TLS files starts a new subscription, one that changes nothing keeps the old one.
-	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s", cfg.Server, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key)
+	servers := x.servers()
+	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s", servers, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key)
 	v, _, err := subPool.LoadOrNew(x.subKey, func() (caddy.Destructor, error) {
-		return startXDSSub(cfg, x.subKey, filepath.Join(caddy.AppDataDir(), "stickylb", "xds", viewFileName(cfg.Server, cfg.NodeID)),
+		return startXDSSub(cfg, x.subKey, filepath.Join(caddy.AppDataDir(), "stickylb", "xds", viewFileName(servers, cfg.NodeID)),
 			caddy.Log().Named("stickylb_xds"))
 	})
 	if err != nil {
@@ -118,9 +124,24 @@ func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// servers is every control-plane address of the source, comma-separated: the
+// subscription's key, the saved view's name and the logs' label.
+func (x *XDSUpstreams) servers() string {
+	return serversOf(adsclient.Config{Server: x.Server, Servers: x.Servers})
+}
+
+// serversOf is a client configuration's addresses, Server first, comma-separated.
+func serversOf(cfg adsclient.Config) string {
+	all := cfg.Servers
+	if cfg.Server != "" {
+		all = append([]string{cfg.Server}, all...)
+	}
+	return strings.Join(all, ",")
+}
+
 // Validate checks the settings.
 func (x *XDSUpstreams) Validate() error {
-	if x.Server == "" || x.Service == "" {
+	if x.servers() == "" || x.Service == "" {
 		return errors.New("stickylb_xds: server and service are required")
 	}
 	if (x.Cert == "") != (x.Key == "") {
@@ -143,13 +164,13 @@ func (x *XDSUpstreams) Cleanup() error {
 func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, error) {
 	v := x.sub.view.Load()
 	if v == nil {
-		return nil, fmt.Errorf("stickylb_xds: no view of %s from %s yet", x.Service, x.Server)
+		return nil, fmt.Errorf("stickylb_xds: no view of %s from %s yet", x.Service, x.servers())
 	}
 	p := x.picks.Load()
 	if p == nil || p.view != v {
 		svc := v.Services[x.Service]
 		if svc == nil {
-			return nil, fmt.Errorf("stickylb_xds: service %q is not in the view from %s (an http or grpc service of the pools file)", x.Service, x.Server)
+			return nil, fmt.Errorf("stickylb_xds: service %q is not in the view from %s (an http or grpc service of the pools file)", x.Service, x.servers())
 		}
 		p = &xdsPick{view: v, dials: svc.pick(x.Zone)}
 		x.picks.Store(p)
@@ -167,7 +188,7 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 // UnmarshalCaddyfile reads
 //
 //	dynamic stickylb_xds {
-//		server  ADDR
+//		server  ADDR [ADDR...]
 //		service NAME
 //		node_id ID
 //		zone    Z
@@ -184,7 +205,12 @@ func (x *XDSUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var dst *string
 		switch d.Val() {
 		case "server":
-			dst = &x.Server
+			// One address, or a replica set: every one is tried in order.
+			x.Servers = append(x.Servers, d.RemainingArgs()...)
+			if len(x.Servers) == 0 {
+				return d.ArgErr()
+			}
+			continue
 		case "service":
 			dst = &x.Service
 		case "node_id":
@@ -342,14 +368,15 @@ type savedView struct {
 }
 
 func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsSub, error) {
+	servers := serversOf(cfg)
 	// The client names the server and the node on its lines itself: it gets log as is.
 	c, err := adsclient.New(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	log = log.With(zap.String("xds_server", cfg.Server), zap.String("node", cfg.NodeID))
+	log = log.With(zap.String("xds_server", servers), zap.String("node", cfg.NodeID))
 	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
-		server: cfg.Server, node: cfg.NodeID, key: key}
+		server: servers, node: cfg.NodeID, key: key}
 	s.load(cfg)
 	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: s.apply}
 	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
@@ -377,7 +404,7 @@ func (s *xdsSub) load(cfg adsclient.Config) {
 	if err == nil {
 		err = json.Unmarshal(b, &sv)
 	}
-	if err == nil && (sv.View == nil || sv.Server != cfg.Server || sv.NodeID != cfg.NodeID) {
+	if err == nil && (sv.View == nil || sv.Server != serversOf(cfg) || sv.NodeID != cfg.NodeID) {
 		err = errors.New("not a view of this server and node")
 	}
 	if err != nil {

@@ -182,7 +182,7 @@ func TestXDSSourceCaddyfile(t *testing.T) {
 	if err := x.UnmarshalCaddyfile(d); err != nil {
 		t.Fatal(err)
 	}
-	got := []string{x.Server, x.Service, x.NodeID, x.Zone, x.CA, x.Cert, x.Key}
+	got := []string{x.servers(), x.Service, x.NodeID, x.Zone, x.CA, x.Cert, x.Key}
 	want := []string{"xds.internal:18000", "api", "host-1/caddy", "z1", "/etc/ca.pem", "/etc/c.pem", "/etc/k.pem"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("got %q, want %q", got, want)
@@ -195,6 +195,11 @@ func TestXDSSourceCaddyfile(t *testing.T) {
 		if err := y.UnmarshalCaddyfile(caddyfile.NewTestDispenser(src)); err == nil {
 			t.Errorf("%q: no error", src)
 		}
+	}
+	var several XDSUpstreams
+	if err := several.UnmarshalCaddyfile(caddyfile.NewTestDispenser("stickylb_xds {\n server a:1 b:2 c:3\n service api\n}")); err != nil ||
+		several.servers() != "a:1,b:2,c:3" {
+		t.Fatalf("three servers: %q %v", several.servers(), err)
 	}
 	if err := (&XDSUpstreams{Server: "x:1"}).Validate(); err == nil {
 		t.Error("no service: no error")

@@ -19,7 +19,7 @@ import (
 const module = "github.com/stickylb/stickylb"
 
 // adapters are the packages that put policies into a tier; none may import another.
-var adapters = []string{"caddymodule", "xds", "l4xdp"}
+var adapters = []string{"caddymodule", "xds", "l4xdp", "l4bgp"}
 
 // contractLayer sits between the control plane and the node tiers; it imports no adapter.
 var contractLayer = []string{"fleetview", "adsclient"}
@@ -45,6 +45,10 @@ var thirdParty = map[string]string{
 	"cilium/ebpf":                  "github.com/cilium/ebpf",
 	"netlink":                      "github.com/vishvananda/netlink",
 	"netns":                        "github.com/vishvananda/netns",
+	"etcd's client":                "go.etcd.io/etcd/client",
+	"etcd's API types":             "go.etcd.io/etcd/api",
+	"etcd's server":                "go.etcd.io/etcd/server",
+	"GoBGP":                        "github.com/osrg/gobgp/v4",
 }
 
 // room is one row of architecture.md's table.

@@ -18,6 +18,13 @@ var readersFiles = map[string]string{
 	"ca.pem":     "the reader's CA",
 	"n.pem":      "a node's certificate",
 	"n.key":      "a node's key",
+	"c.pem":      "the replicas' etcd client certificate",
+	"c.key":      "the replicas' etcd client key",
+	"api.pem":    "the change API's certificate",
+	"api.key":    "the change API's key",
+	"op.pem":     "an operator's client certificate for the change API",
+	"op.key":     "an operator's client key",
+	"state.json": "a readable copy of the stored state the reader makes",
 }
 
 // shellBlocks returns the sh code blocks of a markdown file, each with the line it starts on.

@@ -91,22 +91,27 @@ const (
 )
 
 // faPools is the control plane's pools file over the given backends of each service.
-func faPools(vip, rpc []string) string {
+func faPools(vip, rpc []string) string { return twoServicePools(faHosts, faUnhealthy, vip, rpc) }
+
+// twoServicePools is a pools file of the fleet tests' two services, "spread" (a TCP VIP) and
+// "rpc" (gRPC), over the given backends, named in hosts, each service checked on a port of
+// its own every faInterval, down after unhealthy failures.
+func twoServicePools(hosts map[string]string, unhealthy int, vip, rpc []string) string {
 	var b strings.Builder
 	hc := func(port int) string {
 		return fmt.Sprintf("    health_check: {protocol: tcp, port: %d, interval: %s, timeout: %s, healthy_threshold: 1, unhealthy_threshold: %d}\n",
-			port, faInterval, faTimeout, faUnhealthy)
+			port, faInterval, faTimeout, unhealthy)
 	}
 	b.WriteString("services:\n")
 	fmt.Fprintf(&b, "  - name: spread\n    protocol: tcp\n    vip: %q\n    affinity: {mode: none}\n    balance: maglev\n", fmt.Sprintf("%s:%d", vip4, faVIPPort))
 	b.WriteString(hc(faVIPHealthPort) + "    backends:\n")
 	for _, h := range vip {
-		fmt.Fprintf(&b, "      - {address: \"%s:%d\"}\n", faHosts[h], faVIPPort)
+		fmt.Fprintf(&b, "      - {address: \"%s:%d\"}\n", hosts[h], faVIPPort)
 	}
 	b.WriteString("  - name: rpc\n    protocol: grpc\n    affinity: {mode: header, header: {name: x-session}}\n    balance: ring_hash\n    hash: {min_ring_size: 1024, max_ring_size: 4096}\n")
 	b.WriteString(hc(faGRPCHealth) + "    backends:\n")
 	for _, h := range rpc {
-		fmt.Fprintf(&b, "      - {address: \"%s:%d\"}\n", faHosts[h], faGRPCPort)
+		fmt.Fprintf(&b, "      - {address: \"%s:%d\"}\n", hosts[h], faGRPCPort)
 	}
 	return b.String()
 }
@@ -120,18 +125,23 @@ func newFleetAllTopo(t *testing.T) *topo {
 		v4:     func(h string) string { return faHosts[h] },
 		via:    map[string]string{"cl": "lb", "cl2": "lb2"},
 	})
+	hostOnBridge(tp, "slah0", faHosts["host"])
+	return tp
+}
+
+// hostOnBridge joins the host to the test's bridge by a veth named ifName (deleted with the
+// bridge's namespace; deleted first too, in case a killed run left it) holding addrs.
+func hostOnBridge(tp *topo, ifName string, addrs ...string) {
 	kit := tp.kit
-	// The host's end: deleted with the bridge's namespace; deleted first too, in case a
-	// killed run left it.
-	const hostIf = "slah0"
-	_ = exec.Command("ip", "link", "del", hostIf).Run()
-	kit.Run("ip", "link", "add", hostIf, "type", "veth", "peer", "name", "vhost", "netns", kit.Name("br"))
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-	kit.Run("ip", "addr", "add", faHosts["host"]+"/24", "dev", hostIf)
-	kit.Run("ip", "link", "set", hostIf, "up")
+	_ = exec.Command("ip", "link", "del", ifName).Run()
+	kit.Run("ip", "link", "add", ifName, "type", "veth", "peer", "name", "vhost", "netns", kit.Name("br"))
+	tp.t.Cleanup(func() { _ = exec.Command("ip", "link", "del", ifName).Run() })
+	for _, a := range addrs {
+		kit.Run("ip", "addr", "add", a+"/24", "dev", ifName)
+	}
+	kit.Run("ip", "link", "set", ifName, "up")
 	tp.in("br", "ip", "link", "set", "vhost", "up")
 	tp.in("br", "ip", "link", "set", "vhost", "master", "br0")
-	return tp
 }
 
 // faListener listens on addr and closes whatever connects: a health port.

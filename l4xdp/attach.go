@@ -48,6 +48,8 @@ type Config struct {
 	Zone string
 	// NAT is where NAT flows leave from (`--nat-source`, `--nat-ports`).
 	NAT NAT
+	// Served, when set, hears the VIP addresses served after each apply (see ServedFunc).
+	Served ServedFunc
 }
 
 // NAT configures the translation of flows to backends reached by NAT: each such flow

@@ -71,6 +71,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	for _, s := range served {
 		l.installServiceLocked(s, p, w)
 	}
+	l.servedLocked(w.vips) // before the VIPs that leave are deleted: an announcer withdraws them first
 	l.pruneLeaversLocked(p, w)
 	l.slots, l.vipIDs = p.slots, p.ids
 	return errors.Join(w.errs...)

@@ -6,8 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-# chromium: the status page's tests drive it headless (they skip without it).
-for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium; do
+# chromium: the status page's tests drive it headless (they skip without it). nft: the
+# replicated control plane's end-to-end test cuts a replica off from etcd with it. etcd
+# itself needs nothing installed: the tests build its members from the Go module
+# (internal/testkit/etcdtest/member, go.etcd.io/etcd/server/v3/embed).
+# bird (BIRD 2): the router of the L4 fleet's end-to-end tests (integration/routed_*).
+for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium bird:bird2; do
 	command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
@@ -16,6 +20,10 @@ if [ ${#need[@]} -gt 0 ]; then
 		export DEBIAN_FRONTEND=noninteractive
 		apt-get update -qq
 		apt-get install -y -qq --no-install-recommends "${need[@]}"
+		# The package enables a system-wide bird; the tests start their own, in a namespace.
+		if [[ " ${need[*]} " == *" bird2 "* ]] && command -v systemctl >/dev/null 2>&1; then
+			systemctl disable --now bird >/dev/null 2>&1 || true
+		fi
 	else
 		echo "scripts/test.sh: missing ${need[*]}; run as root to install them (tests that need them will skip)" >&2
 	fi

@@ -19,9 +19,10 @@ import (
 // /metrics and /config (each stream's current snapshot as
 // JSON, in the manner of Envoy's config_dump). It authenticates nobody and /config shows the
 // whole fleet's configuration: serve it on a private address only (`--admin` is off unless
-// set).
-func (s *Server) AdminHandler() http.Handler {
+// set). extra collectors are served on /metrics beside the server's own.
+func (s *Server) AdminHandler(extra ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(extra...)
 	gauge := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}

@@ -148,6 +148,8 @@ type Server struct {
 	// (WithFirstVerdicts); holding is set until then, and no snapshot is served.
 	firstVerdicts <-chan struct{}
 	holding       atomic.Bool
+	// replica, when set, reports the replicated control plane on the status page.
+	replica ReplicaStatus
 
 	buildMu sync.Mutex
 	// refreshQueued is set while a Refresh waits for buildMu.
@@ -436,9 +438,9 @@ func (s *Server) release(ctx context.Context) {
 	// targets: a stream admitted from here on must not be served one.
 	s.views = map[string]*cachev3.Snapshot{}
 	s.holding.Store(false)
-	f := s.file
+	f, next := s.file, s.version+1
 	s.mu.Unlock()
-	if err := s.publish(f); err != nil {
+	if err := s.publish(f, next); err != nil {
 		s.log.Error("publishing the first health view", zap.Error(err))
 		return
 	}
@@ -555,7 +557,28 @@ func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
 func (s *Server) Update(f *pools.File) error {
 	s.lockBuild()
 	defer s.buildMu.Unlock()
-	return s.publish(f)
+	return s.publish(f, s.nextVersion())
+}
+
+// UpdateAt is Update at a version the caller names: the replicated control plane's store
+// revision, so that every replica serves the same version for the same stored state.
+// prepare, when set, runs first under the lock that orders builds, so what it changes
+// (the source of the health view, RecordTransition) is what every build of this version
+// reads, and no build of an earlier one.
+func (s *Server) UpdateAt(f *pools.File, version int, prepare func()) error {
+	s.lockBuild()
+	defer s.buildMu.Unlock()
+	if prepare != nil {
+		prepare()
+	}
+	return s.publish(f, version)
+}
+
+// nextVersion is the version after the current one.
+func (s *Server) nextVersion() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version + 1
 }
 
 // lockBuild takes buildMu, telling the test hook when it has to wait for it.
@@ -571,10 +594,9 @@ func (s *Server) lockBuild() {
 
 // publish builds f for every view in use and serves it; buildMu is held, mu is taken only
 // to read what to build and to install the result.
-func (s *Server) publish(f *pools.File) error {
+func (s *Server) publish(f *pools.File, next int) error {
 	named := namedZones(f)
 	s.mu.Lock()
-	next := s.version + 1
 	need := map[string]bool{}
 	for _, st := range s.streams {
 		if st.admitted {
@@ -688,7 +710,7 @@ func (s *Server) Refresh() error {
 	if s.hooks.refreshRead != nil {
 		s.hooks.refreshRead()
 	}
-	return s.publish(f)
+	return s.publish(f, s.nextVersion())
 }
 
 func (s *Server) currentFile() *pools.File {

@@ -19,6 +19,9 @@ import (
 // fleet's truth, so the control plane's page only reads.
 const drainHint = "read-only: to drain a backend, set `drain: true` on it (or list its zone under `drained_zones`) in the pools file; the control plane reloads it and pushes the change to every node"
 
+// drainHintReplica replaces drainHint on a replica of the replicated control plane.
+const drainHintReplica = "read-only: drain a backend through the change API (`stickylb ctl drain SERVICE BACKEND`, or POST /v1/services/SERVICE/backends/BACKEND/drain), or edit the stored pools file (`stickylb pools get`, then `stickylb pools apply`)"
+
 // panicNoteXDS says what the control plane does when a service is in panic.
 const panicNoteXDS = "every non-draining backend is down: the control plane fails open, publishing them all as UNKNOWN"
 
@@ -30,6 +33,13 @@ type ProbeLookup func(service, id string) (health.TargetStatus, bool)
 // a healthy backend whose last probes failed, why it may soon be down. Without it the page
 // shows n/a there.
 func WithProbes(p ProbeLookup) Option { return func(s *Server) { s.verdicts.probes = p } }
+
+// ReplicaStatus reports the replicated control plane as this replica sees it, for the
+// status page (nil outside the replicated mode).
+type ReplicaStatus func() *status.Replica
+
+// WithReplicaStatus puts the replica's status on the status page.
+func WithReplicaStatus(f ReplicaStatus) Option { return func(s *Server) { s.replica = f } }
 
 // editLog holds the record of the pools file's edits that Watch keeps (nil without Watch).
 type editLog = atomic.Pointer[status.ConfigLog]
@@ -83,6 +93,11 @@ func (s *Server) Status() *status.Snapshot {
 	if view == nil {
 		snap.Notes = append(snap.Notes, "no health checking: every backend is published as UNKNOWN")
 	}
+	if s.replica != nil {
+		snap.Replica = s.replica()
+		snap.Actions.DrainHint = drainHintReplica
+	}
+
 	snap.Config = s.edits.Load().File()
 	return snap
 }

@@ -4,7 +4,12 @@
 //	stickylb plan --pools OLD --next NEW [--json] [--keys N]
 //	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
 //	stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
-//	stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F --xds-cert F --xds-key F]
+//	stickylb xdp --xds ADDR[,ADDR...] --iface IF [--node-id ID] [--zone Z] [--xds-ca F --xds-cert F --xds-key F]
+//	stickylb pools apply FILE --etcd URL[,URL...] | stickylb pools get --etcd URL[,URL...]
+//	stickylb xds --etcd URL[,URL...] --listen ADDR [--api ADDR ...]
+//	stickylb ctl --api URL VERB ...
+//	stickylb xdp ... --bgp-asn N --bgp-peer ADDR@ASN[,...]    (announce the VIPs over BGP)
+//	stickylb xdp drain|undrain --iface IF [--pin-root DIR]
 package main
 
 import (
@@ -35,8 +40,15 @@ const usage = `usage:
                                                        serve the pools file to Envoy and gRPC over xDS
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR]
                                                        forward the pools file's VIPs in XDP (also: xdp stats|detach|pass)
-  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
+  stickylb xdp --xds ADDR[,ADDR...] --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                                                        forward the VIPs and verdicts a control plane pushes
+  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F --etcd-cert F --etcd-key F]
+                                                       validate a pools file and store it for the replicas
+  stickylb pools get --etcd URL[,URL...]              print the stored pools file (its revision on stderr)
+  stickylb xds --etcd URL[,URL...] --listen ADDR [--api ADDR ...]
+                                                       serve as one replica of the control plane (see docs/fleet.md)
+  stickylb ctl --api URL (--token-file F | --cert F --key F --ca F) VERB ...
+                                                       change the fleet through a replica's API (ctl --help)
 `
 
 // run executes one command and returns the exit status: 0 success, 1 the file (or the
@@ -55,6 +67,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return xdsCmd(args[1:], stderr)
 	case "xdp":
 		return xdpCmd(args[1:], stdout, stderr)
+	case "pools":
+		return poolsCmd(args[1:], stdout, stderr)
+	case "ctl":
+		return ctlCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -67,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 const (
 	validateUsage = "usage: stickylb validate [-q] FILE\n"
 	planUsage     = "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n"
-	xdsUsage      = "usage: stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n"
+	xdsUsage      = "usage: stickylb xds (--pools FILE | --etcd URL[,URL...] [--replica-id ID] [--api ADDR ...]) --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n"
 )
 
 // newFlagSet is a subcommand's flag set whose -h (or a flag it does not know) prints the

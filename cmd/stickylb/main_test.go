@@ -265,7 +265,7 @@ func TestPlanVirtualNodes(t *testing.T) {
 // exits 0.
 func TestHelpShowsArguments(t *testing.T) {
 	placeholder := regexp.MustCompile(`\b[A-Z]+\b`)
-	for _, cmd := range [][]string{{"validate"}, {"plan"}, {"xds"}, {"xdp"}, {"xdp", "stats"}, {"xdp", "tables"}, {"xdp", "detach"}, {"xdp", "pass"}} {
+	for _, cmd := range [][]string{{"validate"}, {"plan"}, {"xds"}, {"xdp"}, {"xdp", "stats"}, {"xdp", "tables"}, {"xdp", "detach"}, {"xdp", "pass"}, {"xdp", "drain"}, {"xdp", "undrain"}} {
 		name := strings.Join(cmd, " ")
 		var out, errb bytes.Buffer
 		code := run(append(slices.Clone(cmd), "-h"), &out, &errb)

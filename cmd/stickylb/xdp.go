@@ -25,6 +25,9 @@ import (
 
 // xdpCmd runs `stickylb xdp`: a subcommand on the pinned forwarder, or the forwarder itself.
 func xdpCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "drain" || args[0] == "undrain") {
+		return xdpControl(args[0], args[1:], stdout, stderr)
+	}
 	fl, err := parseXDPFlags(args, stderr)
 	if err != nil {
 		return parseError(err)
@@ -67,17 +70,25 @@ func runXDP(fl xdpFlags, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if fl.node.server != "" {
-		return runXDPFleet(ctx, fl.cfg, fl.node, fl.metrics, log, stdout, stderr)
+	rt, err := newXDPRouting(&fl.bgp, fl.cfg.Iface, l4xdp.Running(fl.cfg), log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 2
 	}
-	return runXDPPools(ctx, fl, f, log, stdout, stderr)
+	defer rt.close()
+	fl.cfg.Served = rt.served
+	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx := rt.lingering(sig) // with BGP: withdraw first, then forward for --drain-time
+	if fl.node.server != "" {
+		return runXDPFleet(ctx, fl.cfg, fl.node, fl.metrics, rt, log, stdout, stderr)
+	}
+	return runXDPPools(ctx, fl, f, rt, log, stdout, stderr)
 }
 
 // runXDPPools forwards the services of pools file f, reloading it when it changes, until ctx
 // ends. The loader probes the backends itself.
-func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
 	l, err := l4xdp.Open(fl.cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
@@ -88,26 +99,31 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, log *zap.Logge
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
+	if err := rt.start(ctx, l, fl.cfg); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
 	edits := status.NewConfigLog(fl.pools, time.Now())
-	defer serveXDPMetrics(fl.metrics, l, edits, log)()
+	defer serveXDPMetrics(fl.metrics, l, edits, rt, log)()
 	log.Info("forwarding", zap.String("iface", fl.cfg.Iface), zap.String("mode", string(fl.cfg.Mode)), zap.String("pools", fl.pools))
 	fmt.Fprintln(stdout, "ready")
 	w := pools.Watcher{Path: fl.pools, Interval: fl.poll, Current: f, Log: log, Edits: edits,
-		Apply: func(nf *pools.File) error { return l.Apply(ctx, nf) }}
+		Apply: newApplyRetry(ctx, l, log).apply}
 	w.Run(ctx)
 	return 0
 }
 
 // serveXDPMetrics serves, at addr, the forwarder's counters and more (Prometheus, at
 // /metrics) and l's status page (at /; with the pools file's refused edits when edits is
-// not nil), until the function it returns is called. An empty addr serves nothing.
-func serveXDPMetrics(addr string, l *l4xdp.Loader, edits *status.ConfigLog, log *zap.Logger, more ...prometheus.Collector) (stop func()) {
+// not nil, and what the node announces with BGP), until the function it returns is called.
+// An empty addr serves nothing.
+func serveXDPMetrics(addr string, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, log *zap.Logger, more ...prometheus.Collector) (stop func()) {
 	if addr == "" {
 		return func() {}
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(append([]prometheus.Collector{xdpCollector{l.Tables()}}, more...)...)
-	hs := &http.Server{Addr: addr, Handler: xdpMetricsHandler(l, reg, edits, log), ReadHeaderTimeout: 5 * time.Second}
+	reg.MustRegister(append(append([]prometheus.Collector{xdpCollector{l.Tables()}}, rt.collectors()...), more...)...)
+	hs := &http.Server{Addr: addr, Handler: xdpMetricsHandler(l, reg, edits, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
 	go hs.ListenAndServe()
 	return func() { hs.Close() }
 }

@@ -13,6 +13,9 @@ const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
+               [--bgp-asn N --bgp-peer ADDR@ASN[,...] [--bgp-router-id A] [--bgp-hold D] [--bgp-next-hop A]
+                [--bgp-community ASN:V]... [--bgp-password-file F] [--bgp-graceful-restart] [--drain-time D]]
+                                                   announce the VIPs to routers over BGP (both modes)
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
@@ -21,6 +24,9 @@ const xdpUsage = `usage:
   stickylb xdp tables --iface IF [--pin-root DIR]    each VIP's table: slots per backend, digest
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
+  stickylb xdp drain --iface IF [--pin-root DIR] [--reason TEXT]
+                                                   withdraw the running node's VIPs (BGP); it forwards on
+  stickylb xdp undrain --iface IF [--pin-root DIR]   announce them again
 `
 
 // xdpFlags is `stickylb xdp`'s command line, read and checked: the subcommand, the loader's
@@ -32,6 +38,7 @@ type xdpFlags struct {
 	metrics string
 	node    xdsNode // --xds and the node's flags; node.server empty with --pools
 	cfg     l4xdp.Config
+	bgp     bgpFlags // --bgp-* and --drain-time: announcing the VIPs (off without them)
 }
 
 // defaultPoll is how often `stickylb xdp --pools` looks for changes of the file by default.
@@ -61,7 +68,7 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
 	insertCap := fs.Int("conn-insert-cap", l4xdp.DefaultInsertCap, "new connection-table entries each CPU may make per second (flood guard; 0: no cap)")
 	xn := &fl.node
-	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools")
+	fs.StringVar(&xn.server, "xds", "", "control plane (host:port) to take the view from, instead of --pools; several replicas comma-separated, tried in order")
 	fs.StringVar(&xn.nodeID, "node-id", "", "node id sent to the control plane (default HOST/xdp/IFACE)")
 	fs.StringVar(&xn.zone, "zone", "", "this node's zone: with cross_zone false, new flows go to its zone's backends first; with --xds, sent to the control plane as the node's locality")
 	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
@@ -69,8 +76,13 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
 	var nat natFlags
 	nat.register(fs)
+	fl.bgp.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return fl, err
+	}
+	if err := fl.bgp.check(fs); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return fl, errXDPUsage
 	}
 	if fl.sub == "" && fl.pools != "" && xn.server != "" {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"go.uber.org/zap"
@@ -19,7 +20,7 @@ import (
 
 // xdsNode is how `stickylb xdp --xds` reaches its control plane.
 type xdsNode struct {
-	server, nodeID, zone string
+	server, nodeID, zone string // server: one address, or the replicas' comma-separated
 	ca, cert, key        string
 }
 
@@ -36,9 +37,9 @@ func defaultNodeID(iface string) string {
 // starts on what a previous loader pinned (so a node restarted while the control plane is
 // down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
-func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
-		Server: n.server, NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
+		Servers: strings.Split(n.server, ","), NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
 	}, log)
 	if err != nil {
@@ -69,7 +70,12 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	defer serveXDPMetrics(metrics, l, nil, log, c.Collector())()
+	defer serveXDPMetrics(metrics, l, nil, rt, log, c.Collector())()
+	// The VIPs the pinned program serves are announced before the first view arrives.
+	if err := rt.start(ctx, l, cfg); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
+		return 1
+	}
 	if err := c.Start(ctx); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1

@@ -14,8 +14,9 @@ import (
 // xdpMetricsHandler serves the forwarder's metrics address: the status page at its root,
 // status.json beside it, and the Prometheus metrics at every other path (as before the page,
 // so scrapers of any path keep working). Unauthenticated and read-only: keep it private.
-// edits, the record of the pools file's edits, is nil on a node fed by a control plane.
-func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, log *zap.Logger) http.Handler {
+// edits, the record of the pools file's edits, is nil on a node fed by a control plane;
+// routing, what the node announces, nil without BGP.
+func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, routing func() *status.Routing, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { status.ServePage(w) })
@@ -27,6 +28,9 @@ func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.
 			return
 		}
 		snap.Config = edits.File()
+		if routing != nil {
+			snap.Routing = routing()
+		}
 		if err := status.ServeJSON(w, snap); err != nil {
 			log.Debug("writing status.json", zap.Error(err))
 		}

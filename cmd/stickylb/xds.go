@@ -39,6 +39,9 @@ func xdsCmd(args []string, stderr io.Writer) int {
 		return 1
 	}
 	defer log.Sync()
+	if o.replicated() {
+		return serveReplica(ctx, o, log, stderr, nil)
+	}
 	return serveXDS(ctx, o, log, stderr, nil)
 }
 
@@ -210,17 +213,27 @@ func serverTLS(o xdsOptions) (credentials.TransportCredentials, error) {
 	if o.tlsCert == "" || o.tlsKey == "" {
 		return nil, errors.New("--tls-cert and --tls-key go together (and --client-ca needs them)")
 	}
-	cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+	cfg, err := tlsConfig(o.tlsCert, o.tlsKey, o.clientCA, tls.RequireAndVerifyClientCert)
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// tlsConfig is a server's TLS: its key pair and, when clientCA is set, the client
+// certificates it verifies (as auth says).
+func tlsConfig(certFile, keyFile, clientCA string, auth tls.ClientAuthType) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("loading the TLS key pair: %w", err)
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if o.clientCA != "" {
-		pool, err := certpool.FromFile(o.clientCA)
+	if clientCA != "" {
+		pool, err := certpool.FromFile(clientCA)
 		if err != nil {
 			return nil, fmt.Errorf("reading the client CA: %w", err)
 		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		cfg.ClientCAs, cfg.ClientAuth = pool, auth
 	}
-	return credentials.NewTLS(cfg), nil
+	return cfg, nil
 }

@@ -16,7 +16,12 @@ type xdsOptions struct {
 	tlsCert, tlsKey, clientCA string
 	poll                      time.Duration
 	maxNodes                  int
+	// replica: the replicated mode's flags (--etcd and what goes with it).
+	replica replicaFlags
 }
+
+// replicated reports whether the flags ask for a replica of the replicated mode (--etcd).
+func (o *xdsOptions) replicated() bool { return o.replica.store.etcd != "" }
 
 // register adds the flags to fs, at their defaults.
 func (o *xdsOptions) register(fs *flag.FlagSet) {
@@ -28,13 +33,14 @@ func (o *xdsOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")
 	fs.DurationVar(&o.poll, "poll", time.Second, "how often to look for pools-file changes")
 	fs.IntVar(&o.maxNodes, "max-nodes", xds.DefaultMaxNodes, "node ids that may hold streams at once; beyond it a new node is refused (ResourceExhausted)")
+	o.replica.register(fs)
 }
 
 // tls reports whether the flags ask for TLS (serverTLS checks that they go together).
 func (o *xdsOptions) tls() bool { return o.tlsCert != "" || o.tlsKey != "" || o.clientCA != "" }
 
-// errXDSUsage is a command line parseXDSFlags refused after its flags parsed: no --pools,
-// or arguments left over.
+// errXDSUsage is a command line parseXDSFlags refused after its flags parsed: neither
+// --pools nor --etcd, both, or arguments left over.
 var errXDSUsage = errors.New("stickylb xds: usage")
 
 // parseXDSFlags reads `stickylb xds`'s arguments. Its error is flag.ErrHelp for -h, or a
@@ -46,7 +52,11 @@ func parseXDSFlags(args []string, stderr io.Writer) (xdsOptions, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	if o.pools == "" || fs.NArg() != 0 {
+	if o.replicated() && o.pools != "" {
+		fmt.Fprint(stderr, "stickylb xds: --etcd and --pools exclude each other: the replicas serve the pools file stored in etcd; load it with `stickylb pools apply FILE --etcd URL`\n")
+		return o, errXDSUsage
+	}
+	if o.pools == "" && !o.replicated() || fs.NArg() != 0 {
 		fmt.Fprint(stderr, xdsUsage)
 		return o, errXDSUsage
 	}

@@ -18,6 +18,13 @@ type Target struct {
 	// Address is host:port, or a bare host for icmp checks and for checks
 	// that set Config.Port.
 	Address string
+	// Seed, when not Unknown, is the state a new target starts in: a verdict another
+	// prober decided, which this one takes over (a replicated control plane's new leader).
+	// The thresholds then count from it, so a backend stays as it was until they are met
+	// again, and no transition is made to the state it already has. SeedSince is when
+	// that state began (default: when the target is added).
+	Seed      State
+	SeedSince time.Time
 }
 
 // Scheduling constants; see the package documentation for the bound they
@@ -154,7 +161,10 @@ func (c *Checker) SetTargets(ts []Target) error {
 		if _, ok := c.targets[t.ID]; ok {
 			continue
 		}
-		tg := &target{Target: t, addr: addrs[t.ID], m: machine{since: now}}
+		tg := &target{Target: t, addr: addrs[t.ID], m: machine{state: t.Seed, since: now}}
+		if t.Seed != Unknown && !t.SeedSince.IsZero() {
+			tg.m.since = t.SeedSince
+		}
 		c.targets[t.ID] = tg
 		if c.runCtx != nil && !c.stopped {
 			c.startLocked(tg)

@@ -64,3 +64,42 @@ func TestMonitorKeepsCheckersAcrossEdits(t *testing.T) {
 		t.Fatalf("after the service left: %v", st)
 	}
 }
+
+// A target seeded with a verdict another prober decided keeps it until the thresholds are
+// met again from it: a seeded healthy backend that now fails stays healthy for
+// unhealthy_threshold - 1 failures and makes one transition, from healthy; a seeded
+// unhealthy one that fails makes none; the seed's time is the state's since.
+func TestSeededTargetsKeepTheirVerdict(t *testing.T) {
+	dead := loopback.Refused(t)
+	since := time.Unix(1_000_000, 0)
+	trs := make(chan Transition, 16)
+	m := NewMonitor(func(_ string, tr Transition) { trs <- tr }, AllowShortIntervals())
+	defer m.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	svc := Service{Name: "a", Config: Config{Protocol: TCP, Interval: 100 * time.Millisecond, Timeout: 50 * time.Millisecond, UnhealthyThreshold: 3},
+		Targets: []Target{{ID: "up", Address: dead, Seed: Healthy, SeedSince: since}, {ID: "down", Address: dead, Seed: Unhealthy, SeedSince: since}}}
+	if err := m.Apply(ctx, []Service{svc}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := m.Lookup("a", "up"); st.State != Healthy || !st.Since.Equal(since) {
+		t.Fatalf("seeded: %+v", st)
+	}
+	select {
+	case tr := <-trs:
+		if tr.ID != "up" || tr.From != Healthy || tr.To != Unhealthy {
+			t.Fatalf("transition %+v", tr)
+		}
+		if st, _ := m.Lookup("a", "up"); st.ConsecutiveFailures != 3 {
+			t.Fatalf("turned unhealthy after %d failures, want 3", st.ConsecutiveFailures)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the seeded healthy target never turned unhealthy")
+	}
+	// Bounded observation: the seeded unhealthy target's failures change nothing.
+	select {
+	case tr := <-trs:
+		t.Fatalf("unexpected transition %+v", tr)
+	case <-time.After(500 * time.Millisecond):
+	}
+}

@@ -61,6 +61,72 @@ type Snapshot struct {
 	Notes []string `json:"notes,omitempty"`
 	// Counters are tier-wide path counters (XDP: packets by path through the program).
 	Counters map[string]uint64 `json:"counters,omitempty"`
+	// Replica is set on a replica of the replicated control plane (xds tier with a store).
+	Replica *Replica `json:"replica,omitempty"`
+	// Routing is what the node announces to its routers (XDP nodes with BGP), nil when it
+	// announces nothing itself.
+	Routing *Routing `json:"routing,omitempty"`
+}
+
+// Replica is the replicated control plane as one of its replicas sees it.
+type Replica struct {
+	// ID is this replica's id (--replica-id).
+	ID string `json:"id"`
+	// Leader: this replica probes the backends and writes the verdicts.
+	Leader bool `json:"leader"`
+	// LeaderID is the leading replica's id, as the election shows it ("" when none).
+	LeaderID string `json:"leader_id,omitempty"`
+	// Store is connected, lost (no answer within the store timeout: streams refused) or
+	// empty (no pools file stored yet).
+	Store string `json:"store"`
+	// Revision is the store revision this replica serves (the version nodes are sent).
+	Revision int64 `json:"revision"`
+	// Replicas are the replicas in the election, the leader first.
+	Replicas []string `json:"replicas,omitempty"`
+	// Note says why the replica refuses streams, when it does.
+	Note string `json:"note,omitempty"`
+}
+
+// Routing is a node's announcements to its routers and the sessions that carry them.
+type Routing struct {
+	// Protocol is "bgp"; ASN and RouterID the node's own.
+	Protocol string `json:"protocol"`
+	ASN      uint32 `json:"asn"`
+	RouterID string `json:"router_id"`
+	// Drained says why the node is drained (every VIP withdrawn on purpose), empty if not.
+	Drained string `json:"drained,omitempty"`
+	// Forwarding says why the node cannot forward (every VIP withdrawn), empty if it can.
+	Forwarding string `json:"forwarding,omitempty"`
+	// GracefulRestart: the node leaves without withdrawing on SIGTERM (RFC 4724).
+	GracefulRestart bool `json:"graceful_restart"`
+	// Communities tag every route, as ASN:VALUE.
+	Communities []string       `json:"communities,omitempty"`
+	Peers       []RoutePeer    `json:"peers"`
+	Announced   []Announcement `json:"announced"`
+}
+
+// RoutePeer is one router the node announces to.
+type RoutePeer struct {
+	Address string `json:"address"`
+	ASN     uint32 `json:"asn"`
+	// State is the session's (established when up); Since the last change of up or down.
+	State string     `json:"state"`
+	Up    bool       `json:"up"`
+	Since *time.Time `json:"since"`
+	// Reason says why it is not up (the last connect error, or why the session ended).
+	Reason string `json:"reason,omitempty"`
+	// Downs counts the sessions that ended.
+	Downs uint64 `json:"downs"`
+}
+
+// Announcement is one VIP address and whether the node announces it now.
+type Announcement struct {
+	VIP       string    `json:"vip"`
+	Announced bool      `json:"announced"`
+	Since     time.Time `json:"since"`
+	// Reason and Why say why it is not announced (withdrawn for a drain, a shutdown, ...).
+	Reason string `json:"reason,omitempty"`
+	Why    string `json:"why,omitempty"`
 }
 
 // Actions lists what the page may do. Every state-changing request needs the same origin

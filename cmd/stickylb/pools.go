@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/xds/store"
+)
+
+const poolsUsage = `usage:
+  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]] [--if-revision N]
+  stickylb pools get --etcd URL[,URL...] [--etcd-prefix P] [TLS flags]
+`
+
+// storeFlags are the flags of every command that reaches the store.
+type storeFlags struct {
+	etcd, prefix, ca, cert, key string
+}
+
+func (s *storeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.etcd, "etcd", "", "etcd client URLs, comma-separated (http://HOST:2379 or https://...)")
+	fs.StringVar(&s.prefix, "etcd-prefix", store.DefaultPrefix, "the key prefix of this control plane's state in etcd")
+	fs.StringVar(&s.ca, "etcd-ca", "", "CA bundle (PEM) that signs the etcd members' certificates")
+	fs.StringVar(&s.cert, "etcd-cert", "", "client certificate (PEM) for etcd")
+	fs.StringVar(&s.key, "etcd-key", "", "client key (PEM) for etcd")
+}
+
+func (s storeFlags) config() store.Config {
+	var eps []string
+	for _, e := range strings.Split(s.etcd, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	return store.Config{Endpoints: eps, Prefix: s.prefix, CA: s.ca, Cert: s.cert, Key: s.key}
+}
+
+// parseInterspersed parses flags that may come before or after the positional arguments,
+// which it returns.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// whoAmI is USER@HOST, recorded with what this command stores.
+func whoAmI() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		host = "localhost"
+	}
+	return name + "@" + host
+}
+
+func poolsCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || (args[0] != "apply" && args[0] != "get") {
+		fmt.Fprint(stderr, poolsUsage)
+		return 2
+	}
+	fs := flag.NewFlagSet("pools "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sf storeFlags
+	sf.register(fs)
+	ifRev := fs.Int64("if-revision", -1, "apply only if the stored file is at this revision (0: only into an empty store); default: the revision read just before")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for etcd")
+	pos, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		return 2
+	}
+	if sf.etcd == "" || (args[0] == "apply") != (len(pos) == 1) || (args[0] == "get" && len(pos) != 0) {
+		fmt.Fprint(stderr, poolsUsage)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	cfg := sf.config()
+	if args[0] == "apply" {
+		return poolsApply(ctx, cfg, pos[0], *ifRev, stdout, stderr)
+	}
+	cli, err := cfg.Client(zap.NewNop())
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb pools get: %v\n", err)
+		return 1
+	}
+	defer cli.Close()
+	doc, err := store.GetDocument(ctx, cli, cfg.Keys())
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb pools get: %v\n", err)
+		return 1
+	}
+	if doc == nil {
+		fmt.Fprintf(stderr, "stickylb pools get: the store holds no pools file under %s: load one with `stickylb pools apply FILE --etcd ...`\n", cfg.Keys().Pools())
+		return 1
+	}
+	stdout.Write(doc.YAML)
+	fmt.Fprintf(stderr, "revision %d (stored by %s at %s, %s)\n", doc.Revision, doc.Change.By, doc.Change.At.Format(time.RFC3339), doc.Change.Op)
+	return 0
+}
+
+// poolsApply validates the file exactly as `validate` does, then stores it with a
+// compare-and-swap on the revision it read (or the one given).
+func poolsApply(ctx context.Context, cfg store.Config, path string, ifRev int64, stdout, stderr io.Writer) int {
+	if fi, err := os.Stat(path); err == nil && fi.Size() > store.MaxDocument {
+		fmt.Fprintf(stderr, "%s: %d bytes; the store takes a pools file of at most %d bytes (1 MiB: etcd's requests are limited to 1.5 MiB)\n", path, fi.Size(), store.MaxDocument)
+		return 1
+	}
+	f, ok := load(path, stderr)
+	if !ok {
+		return 1
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if len(data) > store.MaxDocument {
+		fmt.Fprintf(stderr, "%s: %d bytes; the store takes a pools file of at most %d bytes (1 MiB)\n", path, len(data), store.MaxDocument)
+		return 1
+	}
+	cli, err := cfg.Client(zap.NewNop())
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb pools apply: %v\n", err)
+		return 1
+	}
+	defer cli.Close()
+	expect := ifRev
+	if expect < 0 {
+		doc, err := store.GetDocument(ctx, cli, cfg.Keys())
+		if err != nil {
+			fmt.Fprintf(stderr, "stickylb pools apply: %v\n", err)
+			return 1
+		}
+		expect = 0
+		if doc != nil {
+			expect = doc.Revision
+		}
+	}
+	rev, err := store.PutDocument(ctx, cli, cfg.Keys(), data, expect, store.Change{By: whoAmI(), Op: "apply"})
+	if err != nil { // a conflict names the stored revision and who stored it
+		fmt.Fprintf(stderr, "stickylb pools apply: %v\n", err)
+		return 1
+	}
+	backends := 0
+	for _, s := range f.Services {
+		backends += len(s.Backends)
+	}
+	fmt.Fprintf(stdout, "%s: stored at revision %d (%d services, %d backends)\n", path, rev, len(f.Services), backends)
+	return 0
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/stickylb/stickylb/xds"
+	"github.com/stickylb/stickylb/xds/api"
+	"github.com/stickylb/stickylb/xds/replica"
+)
+
+// replicaFlags are `stickylb xds`'s flags of the replicated mode.
+type replicaFlags struct {
+	store        storeFlags
+	id           string
+	leaseTTL     int
+	storeTimeout time.Duration
+	api          string
+	apiCert      string
+	apiKey       string
+	apiClientCA  string
+	apiTokens    string
+}
+
+func (f *replicaFlags) register(fs *flag.FlagSet) {
+	f.store.register(fs)
+	fs.StringVar(&f.id, "replica-id", "", "this replica's id in the election and on its status page (default HOST:LISTEN-PORT)")
+	fs.IntVar(&f.leaseTTL, "lease-ttl", int(replica.DefaultLeaseTTL/time.Second), "seconds: the election's lease; a leader that stops answering is replaced within it")
+	fs.DurationVar(&f.storeTimeout, "store-timeout", replica.DefaultStoreTimeout, "with no answer from etcd for this long, end every xDS stream and refuse new ones until it answers")
+	fs.StringVar(&f.api, "api", "", "address of the change API (HTTPS with --api-cert/--api-key; plaintext only on a loopback address)")
+	fs.StringVar(&f.apiCert, "api-cert", "", "the API's certificate (PEM)")
+	fs.StringVar(&f.apiKey, "api-key", "", "the API's key (PEM)")
+	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM): client certificates it signs authenticate to the API")
+	fs.StringVar(&f.apiTokens, "api-tokens", "", "file of `NAME TOKEN` lines: bearer tokens that authenticate to the API")
+}
+
+// serveReplica runs one replica until ctx ends; ready, when set, receives the bound
+// addresses (xDS, admin, API).
+func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writer, ready func(grpcAddr, adminAddr, apiAddr string)) int {
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "stickylb xds: %v\n", err)
+		return 1
+	}
+	rf := o.replica
+	if rf.leaseTTL < 1 {
+		return fail(errors.New("--lease-ttl is whole seconds, at least 1"))
+	}
+	var apiHandler *api.Server
+	opts, err := grpcOptions(o)
+	if err != nil {
+		return fail(err)
+	}
+	scfg := rf.store.config()
+	cli, err := scfg.Client(log)
+	if err != nil {
+		return fail(err)
+	}
+	defer cli.Close()
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fail(fmt.Errorf("listening for xDS: %w", err))
+	}
+	if rf.id == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		rf.id = net.JoinHostPort(host, port)
+	}
+	var apiLn net.Listener
+	if rf.api != "" {
+		auth, err := apiAuth(rf)
+		if err != nil {
+			ln.Close()
+			return fail(err)
+		}
+		if apiLn, err = apiListener(rf); err != nil {
+			ln.Close()
+			return fail(err)
+		}
+		apiHandler = api.New(cli, scfg.Keys(), auth, log)
+	}
+	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes)}
+	if o.clientCA != "" {
+		xopts = append(xopts, xds.WithNodeIdentity())
+	}
+	r := replica.New(ctx, replica.Config{ID: rf.id, Keys: scfg.Keys(), LeaseTTL: time.Duration(rf.leaseTTL) * time.Second,
+		StoreTimeout: rf.storeTimeout}, cli, log, xopts...)
+	g := grpc.NewServer(append(opts, grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
+	r.Server().Register(g)
+	registerHealth(g, r.Gate())
+	go func() { _ = g.Serve(ln) }()
+	defer g.Stop()
+	adminAddr := ""
+	if o.admin != "" {
+		collectors := []prometheus.Collector{r.Collector()}
+		if apiHandler != nil {
+			collectors = append(collectors, apiHandler.Collector())
+		}
+		aln, err := net.Listen("tcp", o.admin)
+		if err != nil {
+			return fail(fmt.Errorf("listening for admin: %w", err))
+		}
+		adminAddr = aln.Addr().String()
+		defer serveHTTP(aln, r.Server().AdminHandler(collectors...))()
+	}
+	apiAddr := ""
+	if apiLn != nil {
+		apiAddr = apiLn.Addr().String()
+		defer serveHTTP(apiLn, apiHandler.Handler())()
+	}
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	log.Info("serving xDS as a replica", zap.String("replica", rf.id), zap.String("listen", ln.Addr().String()),
+		zap.String("admin", adminAddr), zap.String("api", apiAddr), zap.Strings("etcd", scfg.Endpoints),
+		zap.String("prefix", rf.store.prefix), zap.Bool("tls", o.tlsCert != ""))
+	if ready != nil {
+		ready(ln.Addr().String(), adminAddr, apiAddr)
+	}
+	<-ctx.Done()
+	<-done // the leader resigns, so the next one takes over without waiting for the lease
+	return 0
+}
+
+// registerHealth serves grpc.health.v1 on g: SERVING while gate admits xDS streams, for
+// the health checks of an Envoy bootstrap (or a load balancer) in front of the replicas.
+func registerHealth(g *grpc.Server, gate *replica.Gate) {
+	hs := grpchealth.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	gate.OnChange(func(open bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if open {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		hs.SetServingStatus("", st)
+	})
+}
+
+// serveHTTP serves h on ln until the returned function closes it.
+func serveHTTP(ln net.Listener, h http.Handler) (closeIt func()) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	return func() { hs.Close() }
+}
+
+// apiAuth reads the API's credentials: tokens and/or client certificates, at least one.
+func apiAuth(rf replicaFlags) (*api.Auth, error) {
+	if rf.apiTokens == "" && rf.apiClientCA == "" {
+		return nil, errors.New("--api needs --api-tokens FILE or --api-client-ca FILE: the API authenticates every request")
+	}
+	var tokens map[string]string
+	if rf.apiTokens != "" {
+		var err error
+		if tokens, err = api.LoadTokens(rf.apiTokens); err != nil {
+			return nil, fmt.Errorf("reading --api-tokens: %w", err)
+		}
+	}
+	return api.NewAuth(tokens, rf.apiClientCA != ""), nil
+}
+
+// apiListener listens for the API: TLS with --api-cert/--api-key, else plaintext on a
+// loopback address only.
+func apiListener(rf replicaFlags) (net.Listener, error) {
+	if rf.apiCert == "" && rf.apiKey == "" {
+		if rf.apiClientCA != "" {
+			return nil, errors.New("--api-client-ca needs --api-cert and --api-key (client certificates need TLS)")
+		}
+		host, _, err := net.SplitHostPort(rf.api)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			return nil, fmt.Errorf("--api %s: without --api-cert and --api-key the API serves plaintext, on a loopback address only", rf.api)
+		}
+		return net.Listen("tcp", rf.api)
+	}
+	// A certificate authenticates when given; without one a bearer token may.
+	cfg, err := tlsConfig(rf.apiCert, rf.apiKey, rf.apiClientCA, tls.VerifyClientCertIfGiven)
+	if err != nil {
+		return nil, fmt.Errorf("the API's TLS: %w", err)
+	}
+	return tls.Listen("tcp", rf.api, cfg)
+}

@@ -1,0 +1,301 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
+)
+
+// The L4 fleet behind a router (see routedFleet): XDP nodes announce the VIPs to BIRD over
+// BGP, BIRD spreads flows over them by ECMP, and nodes join, drain, stop, die and restart
+// under long-lived connections. Needs root and BIRD 2; about 100 s.
+func TestRoutedFleet(t *testing.T) {
+	rf := newRoutedFleet(t, "b1", "b2", "b3", "b4")
+	all := []string{"lb1", "lb2", "lb3"}
+
+	rf.phase("three nodes announce the VIPs; new connections spread over them and land where the table says", func(t *testing.T) {
+		for _, lb := range all {
+			rf.startNode(lb, false)
+		}
+		took := rf.waitRoutes(t, 10*time.Second, all...)
+		t.Logf("the router spreads both VIPs over 3 nodes %s after their start", took.Round(time.Millisecond))
+		if ok, saw := rf.waitQuiet(t, 5*time.Second); !ok {
+			t.Fatalf("tables differ: %s", saw)
+		}
+		rf.checkObservability(t, "lb1")
+		before := map[string]uint64{}
+		for _, lb := range all {
+			before[lb] = rf.vipPackets(lb, "spread") + rf.vipPackets(lb, "spread6")
+		}
+		rf.checkPicks(t, vip4, "spread", 150)
+		rf.checkPicks(t, vip6, "spread6", 30)
+		var shares []string
+		for _, lb := range all {
+			d := rf.vipPackets(lb, "spread") + rf.vipPackets(lb, "spread6") - before[lb]
+			if d == 0 {
+				t.Errorf("%s forwarded no packet of 180 connections", lb)
+			}
+			shares = append(shares, fmt.Sprintf("%s %d", lb, d))
+		}
+		t.Logf("packets of 180 new connections by node: %s", strings.Join(shares, ", "))
+	})
+
+	// Long-lived connections (a stream each) through every change of the nodes below; new
+	// connections none (the shares below are the streams' alone).
+	var load *fleetLoad
+	rf.phase("a fourth node joins: streams keep their backends", func(t *testing.T) {
+		load = rf.startLoad(vip4+":80", 40, 0, 0, 0, 0)
+		time.Sleep(time.Second) // the streams under way
+		rf.joinNode("lb4", false)
+		took := rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
+		before := rf.vipPackets("lb4", "spread")
+		time.Sleep(2 * time.Second) // the streams' share of the new node
+		moved := rf.vipPackets("lb4", "spread") - before
+		t.Logf("lb4 routed %s after its start; it then carried %d packets of streams that began before it", took.Round(time.Millisecond), moved)
+		if moved == 0 {
+			t.Fatal("no stream moved to lb4")
+		}
+		rf.noneBroken(t, load, "the join")
+	})
+
+	rf.phase("a node drained with stickylb xdp drain: withdrawn, nothing broken; undrained", func(t *testing.T) {
+		rf.drainNode("lb2")
+		took := rf.waitRoutes(t, routeSlack, "lb1", "lb3", "lb4")
+		t.Logf("lb2 withdrawn %s after the drain", took.Round(time.Millisecond))
+		time.Sleep(time.Second) // the streams go on through the other nodes
+		rf.noneBroken(t, load, "the drain")
+		if !strings.Contains(rf.nodes["lb2"].proc.String(), `"reason":"drain"`) {
+			t.Error("lb2 logged no withdrawal for the drain")
+		}
+		rf.undrainNode("lb2")
+		rf.waitRoutes(t, routeSlack, "lb1", "lb2", "lb3", "lb4")
+	})
+
+	rf.phase("a node stopped with SIGTERM: withdrawn within the drain time, nothing broken", func(t *testing.T) {
+		start := time.Now()
+		done := make(chan struct{})
+		go func() { rf.stopNode("lb3"); close(done) }()
+		took := rf.waitRoutes(t, routedDrainTime, "lb1", "lb2", "lb4")
+		testwait.Recv(t, done, routedDrainTime+5*time.Second, "lb3 exits after its drain time")
+		t.Logf("lb3 withdrawn %s after SIGTERM, exited after %s (drain time %s)", took.Round(time.Millisecond),
+			time.Since(start).Round(time.Millisecond), routedDrainTime)
+		rf.noneBroken(t, load, "the stop")
+		rf.joinNode("lb3", false)
+		rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
+	})
+
+	rf.phase("a node killed: the router withdraws it at once, its moved flows keep their backends", func(t *testing.T) {
+		rf.killNode("lb1")
+		took := rf.waitRoutes(t, routeSlack, "lb2", "lb3", "lb4")
+		t.Logf("lb1 withdrawn %s after SIGKILL", took.Round(time.Millisecond))
+		time.Sleep(time.Second)
+		rf.noneBroken(t, load, "the kill")
+		rf.joinNode("lb1", false) // adopts its pinned program and maps
+		rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
+	})
+
+	rf.phase("a node's link pulled: withdrawn after the hold time, its moved flows keep their backends", func(t *testing.T) {
+		rf.pullLink("lb4")
+		took := rf.waitRoutes(t, routedHold+routeSlack, "lb1", "lb2", "lb3")
+		t.Logf("lb4 withdrawn %s after its link was pulled (hold time %s)", took.Round(time.Millisecond), routedHold)
+		time.Sleep(2 * time.Second) // the streams that were on lb4 retransmit through the others
+		rf.noneBroken(t, load, "the pulled link")
+		rf.restoreLink("lb4")
+		took = rf.waitRoutes(t, 5*time.Second+routeSlack, "lb1", "lb2", "lb3", "lb4")
+		t.Logf("lb4 routed again %s after its link came back", took.Round(time.Millisecond))
+	})
+
+	rf.phase("a VIP removed from the pools file is withdrawn; a bad edit changes nothing", func(t *testing.T) {
+		nodes := []string{"lb1", "lb2", "lb3", "lb4"}
+		full := routedPools([]string{"b1", "b2", "b3", "b4"}, nil, nil)
+		rf.writeFile(rf.poolsFile, full[:strings.Index(full, "  - name: spread6")])
+		took := testwait.Until(t, 2*time.Second, 20*time.Millisecond, "the IPv6 VIP withdrawn, the IPv4 one kept", func() (bool, string) {
+			r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6)
+			return len(r6) == 0 && slices.Equal(r4, nodes), fmt.Sprintf("IPv4 over %v, IPv6 over %v", r4, r6)
+		})
+		t.Logf("the IPv6 VIP left the router %s after the edit removed it", took.Round(time.Millisecond))
+		if m := rf.get("lb1", "127.0.0.1:9911", "/metrics"); !strings.Contains(m, `stickylb_bgp_announced{vip="`+vip6+`"} 0`) ||
+			!strings.Contains(m, `stickylb_bgp_withdrawals_total{reason="removed"} 1`) {
+			t.Errorf("lb1's metrics after the removal:\n%s", m)
+		}
+		rf.writePools()
+		rf.waitRoutes(t, 2*time.Second, nodes...)
+		rf.writeFile(rf.poolsFile, "services:\n  - name: spread\n    vip: [nonsense\n")
+		testwait.For(t, 2*time.Second, "every node logs the bad edit", func() (bool, string) {
+			for _, lb := range nodes {
+				if !strings.Contains(rf.nodes[lb].proc.String(), "invalid pools file edit") {
+					return false, lb
+				}
+			}
+			return true, ""
+		})
+		if r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6); !slices.Equal(r4, nodes) || !slices.Equal(r6, nodes) {
+			t.Fatalf("a bad edit changed the routes: IPv4 over %v, IPv6 over %v", r4, r6)
+		}
+		rf.writePools()
+		rf.noneBroken(t, load, "the edits")
+	})
+
+	rf.phase("a graceful restart: the routes stay, nothing moves", func(t *testing.T) {
+		rf.stopNode("lb2")
+		rf.waitRoutes(t, routedDrainTime+routeSlack, "lb1", "lb3", "lb4")
+		rf.startNode("lb2", true) // with --bgp-graceful-restart
+		rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
+		// Sampled every 20 ms from the stop until the new process has ended the restart.
+		stop := make(chan struct{})
+		missed := make(chan []string, 1)
+		go func() {
+			var gaps []string
+			for {
+				select {
+				case <-stop:
+					missed <- gaps
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				if r := rf.routeNodes(vip4); len(r) != 4 {
+					gaps = append(gaps, fmt.Sprint(r))
+				}
+			}
+		}()
+		before := rf.vipPackets("lb2", "spread")
+		rf.restartGraceful("lb2")
+		testwait.For(t, 10*time.Second, "lb2 restarted with the Restarting bit and its session up", func() (bool, string) {
+			log := rf.nodes["lb2"].proc.String()
+			return strings.Contains(log, `"restarting":true`) && strings.Contains(log, "BGP session up"), ""
+		})
+		time.Sleep(time.Second) // past the End-of-RIB: no stale route left to flush
+		close(stop)
+		if gaps := <-missed; len(gaps) > 0 {
+			t.Fatalf("the route lost lb2 during its graceful restart: %v", gaps)
+		}
+		if rf.vipPackets("lb2", "spread") == before {
+			t.Fatal("lb2 forwarded nothing through its restart")
+		}
+		rf.noneBroken(t, load, "the graceful restart")
+	})
+
+	// Forwarding never waits on BGP: lb5's only peer does not exist; it forwards its own VIP
+	// (static-routed to it by the router) from its start, and says why the peer is down.
+	rf.phase("a node whose peer cannot be reached forwards from its start", func(t *testing.T) {
+		const vipStatic = "10.77.101.1"
+		for _, b := range []string{"b1", "b2"} {
+			rf.in(b, "ip", "addr", "add", vipStatic+"/32", "dev", "lo")
+		}
+		pools := filepath.Join(rf.dir, "lb5.yaml")
+		rf.writeFile(pools, strings.NewReplacer("spread6", "static6", "spread", "static", vip4, vipStatic).Replace(
+			routedPools([]string{"b1", "b2"}, nil, nil)))
+		rf.extra["lb5"], rf.extraArg["lb5"] = pools, []string{"--bgp-peer", "10.77.0.99@65000"}
+		rf.in("rt", "ip", "route", "add", vipStatic+"/32", "via", routed4("lb5"))
+		start := time.Now()
+		rf.startNode("lb5", false)
+		ready := time.Since(start)
+		for i := 0; i < 20; i++ {
+			c, err := rf.dialVia("cl", vipStatic+":80")
+			if err != nil {
+				t.Fatalf("connection %d through lb5, its peer unreachable: %v", i, err)
+			}
+			c.c.Close()
+		}
+		t.Logf("lb5 ready %s after its start, 20 connections through it at once", ready.Round(time.Millisecond))
+		testwait.For(t, 10*time.Second-time.Since(start), "lb5 logs why its peer is down", func() (bool, string) {
+			return strings.Contains(rf.nodes["lb5"].proc.String(), "BGP peer not reachable"), ""
+		})
+		for _, line := range strings.Split(rf.nodes["lb5"].proc.String(), "\n") {
+			if strings.Contains(line, "BGP peer not reachable") {
+				t.Logf("lb5 logged its peer unreachable within %s of its start: %s", time.Since(start).Round(time.Millisecond), line)
+			}
+		}
+	})
+
+	rf.phase("the report", func(t *testing.T) {
+		load.end()
+		rep := attribute(load.snapshot(), rf.log)
+		t.Logf("through join, drain, stop, kill, pulled link and graceful restart:\n%s", rep)
+	})
+}
+
+// checkObservability: node lb exports its sessions and announcements, and its status
+// page's JSON shows them.
+func (rf *routedFleet) checkObservability(t *testing.T, lb string) {
+	t.Helper()
+	metrics := rf.get(lb, "127.0.0.1:9911", "/metrics")
+	for _, series := range []string{`stickylb_bgp_peer_up{peer="10.77.0.1"} 1`, `stickylb_bgp_peer_up{peer="fd77::1"} 1`,
+		`stickylb_bgp_announced{vip="` + vip4 + `"} 1`, `stickylb_bgp_announced{vip="` + vip6 + `"} 1`,
+		`stickylb_bgp_withdrawals_total{reason="drain"} 0`} {
+		if !strings.Contains(metrics, series) {
+			t.Errorf("%s's metrics lack %s", lb, series)
+		}
+	}
+	if routes := rf.birdc("show", "route", "for", vip4, "all"); !strings.Contains(routes, "(65001,"+routedHosts[lb]+")") {
+		t.Errorf("the router holds no route with %s's community 65001:%s:\n%s", lb, routedHosts[lb], routes)
+	}
+	body := rf.get(lb, "127.0.0.1:9911", "/status.json")
+	var snap struct {
+		Routing struct {
+			Peers []struct {
+				Address string
+				Up      bool
+			}
+			Announced []struct {
+				VIP       string
+				Announced bool
+			}
+			Communities []string
+		}
+	}
+	if err := json.Unmarshal([]byte(body[strings.Index(body, "\r\n\r\n")+4:]), &snap); err != nil {
+		t.Fatalf("status.json: %v\n%s", err, body)
+	}
+	r := snap.Routing
+	if len(r.Peers) != 2 || !r.Peers[0].Up || !r.Peers[1].Up || len(r.Announced) != 2 || !r.Announced[0].Announced ||
+		!slices.Equal(r.Communities, []string{"65001:" + routedHosts[lb]}) {
+		t.Errorf("status.json's routing: %+v", r)
+	}
+}
+
+// checkPicks opens n connections to vip:80 one after another and checks each landed on the
+// backend the nodes' table for svc names at its 5-tuple's hash, whichever node carried it.
+func (rf *routedFleet) checkPicks(t *testing.T, vip, svc string, n int) {
+	t.Helper()
+	ts, err := rf.tables("lb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := ts[svc].Table
+	seen := map[string]int{}
+	for i := 0; i < n; i++ {
+		c, err := rf.dialVia("cl", net.JoinHostPort(vip, "80"))
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		local := c.c.LocalAddr().(*net.TCPAddr).AddrPort()
+		want := hostOf(maglevBackend(table, netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), netip.MustParseAddrPort(net.JoinHostPort(vip, "80"))))
+		c.c.Close()
+		if c.backend != want {
+			t.Fatalf("connection %d from %s reached %s; the table names %s", i, local, c.backend, want)
+		}
+		seen[c.backend]++
+	}
+	t.Logf("%d connections to %s, each on the backend the table names: %v", n, vip, seen)
+}
+
+// noneBroken fails t if a connection of load broke.
+func (rf *routedFleet) noneBroken(t *testing.T, load *fleetLoad, what string) {
+	t.Helper()
+	if b := load.broken(); len(b) > 0 {
+		var s []string
+		for _, c := range b {
+			s = append(s, fmt.Sprintf("%s via %s: %v", c.local, c.backend, c.err))
+		}
+		t.Fatalf("%d connections broke through %s:\n%s", len(b), what, strings.Join(s, "\n"))
+	}
+}

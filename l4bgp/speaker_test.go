@@ -1,0 +1,347 @@
+package l4bgp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
+)
+
+// A second GoBGP on loopback stands for the router: it accepts the speaker's session and
+// holds what it announces, so these tests need no root and no namespace (the fleet test in
+// integration/ runs BIRD).
+
+const (
+	routerASN = 65000
+	nodeASN   = 65001
+)
+
+var nodeHop = netip.MustParseAddr("192.0.2.10")
+
+type router struct {
+	t    *testing.T
+	srv  *server.BgpServer
+	port int
+}
+
+// newRouter listens on 127.0.0.1 at a free port and accepts the speaker (which dials from
+// 127.0.0.1), as a graceful-restart helper when helper is set.
+func newRouter(t *testing.T, helper bool) *router {
+	return newRouterAt(t, helper, loopback.FreePort(t), "")
+}
+
+// newRouterAt is newRouter on a given port, with a TCP MD5 password when not empty.
+func newRouterAt(t *testing.T, helper bool, port int, password string) *router {
+	t.Helper()
+	r := &router{t: t, srv: server.NewBgpServer(), port: port}
+	go r.srv.Serve()
+	ctx := context.Background()
+	if err := r.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: routerASN, RouterId: "192.0.2.1",
+		ListenPort: int32(r.port), ListenAddresses: []string{"127.0.0.1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.srv.Stop)
+	peer := &api.Peer{
+		Conf:      &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: nodeASN, AuthPassword: password},
+		Transport: &api.Transport{PassiveMode: true},
+		Timers:    &api.Timers{Config: &api.TimersConfig{HoldTime: 9, KeepaliveInterval: 3}},
+		AfiSafis:  []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true}}},
+	}
+	if helper {
+		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, HelperOnly: true, RestartTime: 120}
+		peer.AfiSafis[0].MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+	}
+	if err := r.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// route is one route the router holds.
+type route struct {
+	hop         string
+	communities []uint32
+	stale       bool
+}
+
+// routes lists the router's IPv4 routes by prefix.
+func (r *router) routes() map[string]route {
+	out := map[string]route{}
+	err := r.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: bgp.RF_IPv4_UC},
+		func(prefix bgp.NLRI, paths []*apiutil.Path) {
+			for _, p := range paths {
+				rt := route{stale: p.Stale}
+				for _, a := range p.Attrs {
+					switch a := a.(type) {
+					case *bgp.PathAttributeNextHop:
+						rt.hop = a.Value.String()
+					case *bgp.PathAttributeCommunities:
+						rt.communities = a.Value
+					}
+				}
+				out[prefix.String()] = rt
+			}
+		})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// waitRoutes waits until the router holds exactly prefixes (none stale).
+func (r *router) waitRoutes(within time.Duration, prefixes ...string) time.Duration {
+	r.t.Helper()
+	slices.Sort(prefixes)
+	return testwait.For(r.t, within, fmt.Sprintf("the router holds %v", prefixes), func() (bool, string) {
+		got := r.routes()
+		var names []string
+		for p, rt := range got {
+			if !rt.stale {
+				names = append(names, p)
+			}
+		}
+		slices.Sort(names)
+		return slices.Equal(names, prefixes), fmt.Sprint(got)
+	})
+}
+
+// newSpeaker starts a speaker peering with r (at port), logging to an observer.
+func newSpeaker(t *testing.T, port int, mod func(*Config)) (*Speaker, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.DebugLevel)
+	cfg := Config{ASN: nodeASN, RouterID: nodeHop, Peers: []Peer{{Addr: netip.MustParseAddr("127.0.0.1"), ASN: routerASN}},
+		NextHop4: nodeHop, Hold: 3 * time.Second, Port: uint16(port), Communities: []uint32{nodeASN<<16 | 7}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close(false)
+		cancel()
+		if t.Failed() {
+			for _, e := range logs.All() {
+				t.Logf("%s %s %v", e.Level, e.Message, e.ContextMap())
+			}
+		}
+	})
+	return s, logs
+}
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+// TestAnnounceAndWithdraw: the VIPs served are announced as /32s with the node's next hop
+// and communities; a VIP that leaves is withdrawn (and the caller's wait ends once GoBGP
+// has it); drain, a broken forwarder and shutdown withdraw them all, each counted by
+// reason; IPv6 VIPs go to no IPv4 peer.
+func TestAnnounceAndWithdraw(t *testing.T) {
+	r := newRouter(t, false)
+	s, logs := newSpeaker(t, r.port, nil)
+	s.SetServed(addrs("10.1.0.1", "10.1.0.2", "fd00::1"))
+	took := r.waitRoutes(5*time.Second, "10.1.0.1/32", "10.1.0.2/32")
+	t.Logf("announced %s after the start", took.Round(time.Millisecond))
+	if rt := r.routes()["10.1.0.1/32"]; rt.hop != nodeHop.String() || !slices.Equal(rt.communities, []uint32{nodeASN<<16 | 7}) {
+		t.Fatalf("route %+v: want next hop %s, community 65001:7", rt, nodeHop)
+	}
+	for _, a := range s.Status().Announced {
+		if a.VIP == "fd00::1" && (a.Announced || a.Why != "no peer of its family") {
+			t.Errorf("fd00::1 with no IPv6 peer: %+v", a)
+		}
+	}
+	testwait.Recv(t, s.SetServed(addrs("10.1.0.1", "fd00::1")), 2*time.Second, "the withdrawal handed to GoBGP")
+	r.waitRoutes(2*time.Second, "10.1.0.1/32")
+
+	s.Drain("maintenance")
+	r.waitRoutes(2 * time.Second)
+	if st := s.Status(); st.Drained != "maintenance" || st.Announced[0].Reason != ReasonDrain {
+		t.Fatalf("status while drained: %+v", st)
+	}
+	s.Undrain()
+	r.waitRoutes(2*time.Second, "10.1.0.1/32")
+	s.SetForwarding(fmt.Errorf("the XDP program is no longer attached to eth0"))
+	r.waitRoutes(2 * time.Second)
+	s.SetForwarding(nil)
+	r.waitRoutes(2*time.Second, "10.1.0.1/32")
+	testwait.Recv(t, s.Shutdown(), 2*time.Second, "the shutdown's withdrawals handed to GoBGP")
+	r.waitRoutes(2 * time.Second)
+
+	c := s.Collector()
+	for reason, want := range map[string]float64{ReasonRemoved: 1, ReasonDrain: 1, ReasonForwarder: 1, ReasonShutdown: 1} {
+		if got := metricValue(t, c, "stickylb_bgp_withdrawals_total", reason); got != want {
+			t.Errorf("withdrawals{reason=%s} = %v, want %v", reason, got, want)
+		}
+	}
+	if got := metricValue(t, c, "stickylb_bgp_peer_up", "127.0.0.1"); got != 1 {
+		t.Errorf("peer_up = %v", got)
+	}
+	if got := metricValue(t, c, "stickylb_bgp_announced", "10.1.0.2"); got != 0 {
+		t.Errorf("announced{10.1.0.2} = %v after its withdrawal", got)
+	}
+	for _, reason := range []string{ReasonRemoved, ReasonDrain, ReasonForwarder, ReasonShutdown} {
+		if logs.FilterMessage("withdrew VIPs").FilterField(zap.String("reason", reason)).Len() == 0 {
+			t.Errorf("no withdrawal logged for %s", reason)
+		}
+	}
+}
+
+// TestSessionComesBack: when the router restarts (its session ends with a NOTIFICATION),
+// the session comes back, with its routes, within 5 s of the router being back (GoBGP
+// alone would idle 5 s after the drop, then dial within 2).
+func TestSessionComesBack(t *testing.T) {
+	r := newRouter(t, false)
+	s, logs := newSpeaker(t, r.port, nil)
+	s.SetServed(addrs("10.1.0.1"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32")
+	r.srv.Stop()
+	testwait.For(t, 2*time.Second, "the speaker sees the drop", func() (bool, string) {
+		return logs.FilterMessage("BGP session down").Len() > 0, ""
+	})
+	r = newRouterAt(t, false, r.port, "")
+	back := time.Now()
+	r.waitRoutes(5*time.Second, "10.1.0.1/32")
+	t.Logf("session and route back %s after the router", time.Since(back).Round(time.Millisecond))
+	if st := s.Status().Peers[0]; st.Downs != 1 || !st.Up {
+		t.Fatalf("peer status %+v: want up, one session ended", st)
+	}
+}
+
+// TestRefusedPeerLogged: a peer that refuses is logged within 10 s with the reason, once
+// while the cause stays, again when it changes (the session comes up).
+func TestRefusedPeerLogged(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // nothing listens: connection refused
+	s, logs := newSpeaker(t, port, nil)
+	s.SetServed(addrs("10.1.0.1"))
+	unreachable := func() *observer.ObservedLogs { return logs.FilterMessage("BGP peer not reachable") }
+	took := testwait.For(t, 10*time.Second, "the refusal logged", func() (bool, string) { return unreachable().Len() > 0, "" })
+	if e := unreachable().All()[0]; !strings.Contains(e.ContextMap()["reason"].(string), "connection refused") {
+		t.Fatalf("logged %v", e.ContextMap())
+	}
+	t.Logf("refusal logged %s after the start", took.Round(time.Millisecond))
+	// Two more attempts (2 s apart): the same cause, logged no second time (a bounded
+	// observation: nothing to wait for).
+	time.Sleep(2 * connectRetry)
+	if n := unreachable().Len(); n != 1 {
+		t.Fatalf("the same refusal logged %d times", n)
+	}
+	if st := s.Status().Peers[0]; st.Up || !strings.Contains(st.Reason, "connection refused") {
+		t.Fatalf("peer status %+v", st)
+	}
+}
+
+// TestGracefulRestart: Close(true) leaves without a NOTIFICATION, so a helper router keeps
+// the routes (stale); the next speaker, restarting, announces the VIPs and ends the
+// restart with End-of-RIB: the routes are fresh again, none lost on the way.
+func TestGracefulRestart(t *testing.T) {
+	if raceBuild {
+		// GoBGP's ListPath, which this test reads the router's routes with, races with its
+		// own marking of a restarting peer's routes stale (table.Path's flag, inside GoBGP):
+		// the router's side, which the speaker never runs. The fleet test proves graceful
+		// restart with BIRD.
+		t.Skip("GoBGP's ListPath races with its graceful-restart stale marking (the test's router, not the speaker)")
+	}
+	r := newRouter(t, true)
+	gr := func(c *Config) { c.GracefulRestart = true }
+	s, _ := newSpeaker(t, r.port, gr)
+	s.SetServed(addrs("10.1.0.1", "10.1.0.2"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32", "10.1.0.2/32")
+	if err := s.Close(true); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 5*time.Second, "the routes kept, stale", func() (bool, string) {
+		got := r.routes()
+		return len(got) == 2 && got["10.1.0.1/32"].stale, fmt.Sprint(got)
+	})
+	s2, _ := newSpeaker(t, r.port, func(c *Config) { gr(c); c.Restarting = true })
+	s2.SetServed(addrs("10.1.0.1", "10.1.0.2"))
+	r.waitRoutes(8*time.Second, "10.1.0.1/32", "10.1.0.2/32")
+}
+
+// TestCloseWithdraws: without graceful restart, Close ends the session with a NOTIFICATION
+// and the router drops the routes at once.
+func TestCloseWithdraws(t *testing.T) {
+	r := newRouter(t, true)
+	s, _ := newSpeaker(t, r.port, nil)
+	s.SetServed(addrs("10.1.0.1"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32")
+	if err := s.Close(true); err != nil { // graceful asked, but not advertised: a NOTIFICATION
+		t.Fatal(err)
+	}
+	testwait.For(t, 2*time.Second, "the routes dropped", func() (bool, string) {
+		got := r.routes()
+		return len(got) == 0, fmt.Sprint(got)
+	})
+}
+
+// metricValue is the value of the series of metric name whose one label is label.
+func metricValue(t *testing.T, c prometheus.Collector, name, label string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == label {
+				if m.GetGauge() != nil {
+					return m.GetGauge().GetValue()
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series %s{%s}", name, label)
+	return 0
+}
+
+// TestMD5: with the router's password the session comes up; with another, the router drops
+// the SYNs and the node says the peer does not answer.
+func TestMD5(t *testing.T) {
+	r := newRouterAt(t, false, loopback.FreePort(t), "s3cret")
+	_, logs := newSpeaker(t, r.port, func(c *Config) { c.Password = "wrong" })
+	testwait.For(t, 10*time.Second, "the wrong password logged as no answer", func() (bool, string) {
+		return logs.FilterMessage("BGP peer not reachable").FilterField(zap.String("reason", "connect: no answer (connect timed out)")).Len() > 0, ""
+	})
+	if len(r.routes()) != 0 {
+		t.Fatal("routes through a session with the wrong password")
+	}
+	s, _ := newSpeaker(t, r.port, func(c *Config) { c.Password = "s3cret" })
+	s.SetServed(addrs("10.1.0.1"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32")
+}

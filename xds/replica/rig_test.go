@@ -1,0 +1,207 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+
+	"github.com/stickylb/stickylb/adsclient"
+	"github.com/stickylb/stickylb/fleetview"
+	"github.com/stickylb/stickylb/internal/testkit/etcdtest"
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
+	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/xds/store"
+)
+
+// Timing of the replicas in these tests: a lease of 1 s, the store lost after 2 s.
+const (
+	testTTL          = time.Second
+	testStoreTimeout = 2 * time.Second
+)
+
+// rig is a real etcd cluster and the replicas and nodes of one test.
+type rig struct {
+	t    testing.TB
+	etcd *etcdtest.Cluster
+	keys store.Keys
+	cli  *clientv3.Client
+}
+
+func newRig(t testing.TB, members int) *rig {
+	t.Helper()
+	// Not skipped under -short: the race detector's pass (-race -short) must run the
+	// replica's loops against a real store.
+	c := etcdtest.Start(t, members, "127.0.0.1")
+	return &rig{t: t, etcd: c, keys: store.KeysOf("/rig"), cli: c.Client(t)}
+}
+
+// apply stores yaml over whatever is stored.
+func (rg *rig) apply(yaml string) int64 {
+	rg.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	doc, err := store.GetDocument(ctx, rg.cli, rg.keys)
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	var expect int64
+	if doc != nil {
+		expect = doc.Revision
+	}
+	rev, err := store.PutDocument(ctx, rg.cli, rg.keys, []byte(yaml), expect, store.Change{By: "test", Op: "apply"})
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	return rev
+}
+
+// state is the store's state now.
+func (rg *rig) state() *store.State {
+	rg.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, _, err := store.Load(ctx, rg.cli, rg.keys)
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	return st
+}
+
+// running is one replica of the test, in process, with its own etcd client.
+type running struct {
+	r      *Replica
+	addr   string
+	cli    *clientv3.Client
+	cancel context.CancelFunc
+	g      *grpc.Server
+	done   chan struct{}
+}
+
+// replica starts a replica on a free port.
+func (rg *rig) replica(id string, log *zap.Logger) *running {
+	rg.t.Helper()
+	cli, err := store.Config{Endpoints: rg.etcd.Endpoints(), DialTimeout: time.Second}.Client(log)
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := New(ctx, Config{ID: id, Keys: rg.keys, LeaseTTL: testTTL, StoreTimeout: testStoreTimeout}, cli, log)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))
+	r.Server().Register(g)
+	go g.Serve(ln)
+	rn := &running{r: r, addr: ln.Addr().String(), cli: cli, cancel: cancel, g: g, done: make(chan struct{})}
+	go func() { r.Run(ctx); close(rn.done) }()
+	rg.t.Cleanup(rn.stop)
+	return rn
+}
+
+// stop ends the replica as SIGTERM does (it resigns).
+func (rn *running) stop() {
+	rn.cancel()
+	<-rn.done
+	rn.g.Stop()
+	rn.cli.Close()
+}
+
+// crash ends the replica as SIGKILL does: its connections drop and nothing is said to
+// etcd (its lease runs out). Its loops end in the background.
+func (rn *running) crash() {
+	rn.cli.Close()
+	rn.g.Stop()
+	rn.cancel()
+}
+
+// node is an XDP-group ADS client that records what it applies.
+type node struct {
+	c       *adsclient.Client
+	applied atomic.Int64 // views applied (a table rebuild on a real node)
+	mu      sync.Mutex
+	view    *fleetview.View
+}
+
+func (rg *rig) node(id string, servers ...string) *node {
+	rg.t.Helper()
+	c, err := adsclient.New(adsclient.Config{Servers: servers, NodeID: id, UserAgentName: fleetview.UserAgentXDP,
+		Backoff: adsclient.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}}, zap.NewNop())
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	n := &node{c: c}
+	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
+		n.mu.Lock()
+		n.view = v
+		n.mu.Unlock()
+		n.applied.Add(1)
+		return nil
+	}}
+	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
+		rg.t.Fatal(err)
+	}
+	if err := c.Subscribe(resource.EndpointType, a.Endpoints); err != nil {
+		rg.t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		rg.t.Fatal(err)
+	}
+	rg.t.Cleanup(func() { c.Close() })
+	return n
+}
+
+// version is the endpoints' version the node last ACKed.
+func (n *node) version() string { return n.c.Version(resource.EndpointType) }
+
+// verdict is the node's view of a backend.
+func (n *node) verdict(service, id string) health.State {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.view == nil {
+		return 255
+	}
+	return n.view.Verdict(service, id).State
+}
+
+// vipPools is a pools file with one health-checked VIP service over backends (loopback
+// addresses the test listens on, or refuses).
+func vipPools(backends ...string) string {
+	var b strings.Builder
+	b.WriteString("services:\n  - name: spread\n    protocol: tcp\n    vip: \"10.9.9.9:80\"\n    affinity: {mode: none}\n    balance: maglev\n")
+	b.WriteString("    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 1, unhealthy_threshold: 1}\n    backends:\n")
+	for _, a := range backends {
+		fmt.Fprintf(&b, "      - {address: %q}\n", a)
+	}
+	return b.String()
+}
+
+// leaders are the replicas that lead now.
+func leaders(rs ...*running) []string {
+	var out []string
+	for _, r := range rs {
+		if r.r.leading.Load() {
+			out = append(out, r.r.cfg.ID)
+		}
+	}
+	return out
+}
+
+func testLogger(t testing.TB) *zap.Logger { return zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)) }
+
+// waitFor is testwait.For on the rig's test.
+func (rg *rig) waitFor(within time.Duration, what string, cond func() (bool, string)) time.Duration {
+	rg.t.Helper()
+	return testwait.For(rg.t, within, what, cond)
+}

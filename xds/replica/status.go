@@ -1,0 +1,75 @@
+package replica
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stickylb/stickylb/policies/status"
+)
+
+// Status is the replica as its status page shows it.
+func (r *Replica) Status() *status.Replica {
+	out := &status.Replica{ID: r.cfg.ID, Leader: r.leading.Load(), Revision: r.served.Load().Revision, Store: "connected"}
+	if ms := r.members.Load(); ms != nil {
+		for i, m := range *ms {
+			if i == 0 {
+				out.LeaderID = m.ID
+			}
+			out.Replicas = append(out.Replicas, m.ID)
+		}
+	}
+	open, reason := r.gate.State()
+	switch {
+	case !r.connected.Load():
+		out.Store = "lost"
+	case r.empty():
+		out.Store = "empty"
+	}
+	if !open {
+		out.Note = "refusing xDS streams: " + reason
+	}
+	return out
+}
+
+func (r *Replica) empty() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.latest == nil || r.latest.Doc == nil
+}
+
+// Collector exports stickylb_xds_store_connected (0/1), stickylb_xds_leader (1 on the
+// leading replica) and stickylb_xds_store_revision (the revision served, which is the
+// version nodes are sent).
+func (r *Replica) Collector() prometheus.Collector {
+	return replicaCollector{r: r,
+		connected: prometheus.NewDesc("stickylb_xds_store_connected", "1 while this replica has the store (etcd) and serves from it.", nil, nil),
+		leader:    prometheus.NewDesc("stickylb_xds_leader", "1 while this replica leads: it probes the backends and writes the verdicts.", nil, nil),
+		revision:  prometheus.NewDesc("stickylb_xds_store_revision", "The store revision this replica serves (the version of its snapshots).", nil, nil),
+		serving:   prometheus.NewDesc("stickylb_xds_serving", "1 while this replica admits xDS streams.", nil, nil),
+	}
+}
+
+type replicaCollector struct {
+	r                                    *Replica
+	connected, leader, revision, serving *prometheus.Desc
+}
+
+func (c replicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.connected
+	ch <- c.leader
+	ch <- c.revision
+	ch <- c.serving
+}
+
+func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	open, _ := c.r.gate.State()
+	ch <- prometheus.MustNewConstMetric(c.connected, prometheus.GaugeValue, b(c.r.connected.Load()))
+	ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, b(c.r.leading.Load()))
+	ch <- prometheus.MustNewConstMetric(c.revision, prometheus.GaugeValue, float64(c.r.served.Load().Revision))
+	ch <- prometheus.MustNewConstMetric(c.serving, prometheus.GaugeValue, b(open))
+}

@@ -84,18 +84,25 @@ func (cv *natConv) forgedClient(flags string, off uint32) packetCase {
 	return on("lb0", tx("forged client "+flags, in.frame(cv.t), out.frame(cv.t)))
 }
 
-// measureHold ages the rig's flows half a second, then a second at a time, until probe's SYN gets
-// the single-port range's port, and returns the whole idle seconds that took (-1 past limit).
+// measureHold sets every NAT flow idle for s and a half seconds, for s = 0, 1, ..., until
+// probe's SYN gets the single-port range's port, and returns that s (-1 past limit): the
+// whole seconds of the flow's hold. Idle time is set against the program's clock before
+// each try, so a slow run (the race detector) measures the same.
 func measureHold(t *testing.T, r *packetRig, probe natfxFlow, limit int) int {
 	t.Helper()
-	ageBy(500*time.Millisecond)(t, r)
 	for s := 0; s <= limit; s++ {
+		setIdle(t, r.f, time.Duration(s)*time.Second+500*time.Millisecond)
 		if ret, _ := r.run(t, "lb0", probe.fromClient("S", nil).frame(t)); ret == xdpTX {
 			return s
 		}
-		ageBy(time.Second)(t, r)
 	}
 	return -1
+}
+
+// setIdle makes every NAT flow of f last seen d ago by the program's clock.
+func setIdle(t *testing.T, f *Tables, d time.Duration) {
+	t.Helper()
+	rewriteEntries(t, f.objs.NatRev, func(_ lbNatKey, e *lbNatEntry) { e.LastSeen = monoNow() - uint64(d) })
 }
 
 func TestNATHoldThroughForgedCloses(t *testing.T) {
@@ -275,7 +282,6 @@ func TestSweepNATFollowsTheHolds(t *testing.T) {
 	r := newNATRig(t, Options{})
 	const lo, hi = 61000, 61031
 	r.install(NAT{Sources: []netip.Addr{natLB4}, PortLow: lo, PortHigh: hi})
-	rig := &packetRig{f: r.f, nat: r}
 	flows := map[string]*natConv{}
 	for i, name := range []string{"established", "closed", "reset", "unfinished"} {
 		cv := newNATConv(t, natFlow(natTCP4, uint16(33000+i), netip.AddrPort{}))
@@ -311,7 +317,6 @@ func TestSweepNATFollowsTheHolds(t *testing.T) {
 		slices.Sort(names)
 		return names
 	}
-	idle := time.Duration(0)
 	for _, c := range []struct {
 		at   time.Duration
 		left []string
@@ -325,8 +330,7 @@ func TestSweepNATFollowsTheHolds(t *testing.T) {
 		{899 * time.Second, []string{"established"}},
 		{901 * time.Second, nil},
 	} {
-		ageBy(c.at-idle)(t, rig)
-		idle = c.at
+		setIdle(t, r.f, c.at)
 		n, err := r.f.SweepNAT()
 		if err != nil {
 			t.Fatal(err)

@@ -88,7 +88,9 @@ func TestCaddyStickinessPerMode(t *testing.T) {
 			localIP: func(i int) string { return fmt.Sprintf("127.0.%d.%d", 1+i/200, 10+i%200) }},
 		{name: "app_cookie_prefix", policy: "lb_policy app_cookie JSESSIONID {\n secret " + secret + "\n }", balanced: true,
 			first: func(t *testing.T, c *client, base string, i int) (int, string) { return c.get(t, base+"/login") }, next: plain},
-		{name: "app_cookie_learn", policy: "lb_policy app_cookie JSESSIONID {\n mode learn\n }", balanced: true,
+		// The clients share one address (the test's), which learn mode bounds to 60 new
+		// sessions a minute by default: exactly this test's clients.
+		{name: "app_cookie_learn", policy: "lb_policy app_cookie JSESSIONID {\n mode learn\n max_new_per_client 1000\n }", balanced: true,
 			first: func(t *testing.T, c *client, base string, i int) (int, string) { return c.get(t, base+"/login") }, next: plain},
 	}
 	const clients, perClient = 60, 10

@@ -149,6 +149,9 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 	default:
 		return fmt.Errorf("app_cookie %s: mode %q: want %s or %s", a.Name, a.Mode, appModePrefix, appModeLearn)
 	}
+	// The response hook reads back which upstream answered: picks are recorded even when
+	// nothing retries.
+	a.core.picks = true
 	return nil
 }
 
@@ -240,7 +243,7 @@ func (a *AppCookie) openPrefix(prefix string, now time.Time) (*openedValue, erro
 
 // pickNew starts a session on a fallback pick; the upstream's Set-Cookie will carry it.
 func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter, reason string) *reverseproxy.Upstream {
-	u := a.core.selectUnkeyed(pool, r, w)
+	u := a.core.selectUnkeyed(requestVars(r), pool, r, w)
 	if u == nil {
 		return nil
 	}
@@ -254,10 +257,11 @@ func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w h
 
 func (a *AppCookie) selectLearn(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	v, ok := requestCookie(r.Header, a.Name)
+	vars := requestVars(r)
 	if !ok || v == "" || len(v) > keys.MaxValueLen {
-		return a.core.selectUnkeyed(pool, r, w)
+		return a.core.selectUnkeyed(vars, pool, r, w)
 	}
-	return a.core.selectKey(pool, r, a.key(v))
+	return a.core.selectKey(vars, pool, a.key(v))
 }
 
 // key is the table and hash key of an application value: the value itself, or a digest
@@ -325,7 +329,7 @@ func (a *AppCookie) admit(r *http.Request, value string) bool {
 	if v, ok := requestCookie(r.Header, a.Name); ok && v == value {
 		return true
 	}
-	client, _ := netip.ParseAddr(clientIP(r))
+	client, _ := netip.ParseAddr(clientIP(requestVars(r)))
 	if a.perIP.Admit(client) {
 		return true
 	}

@@ -71,9 +71,9 @@ const (
 )
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config and
-// NAT sources (written from its flags), the per-CPU insert budgets, schedule positions and
-// NAT scratch space.
-var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch"}
+// NAT sources (written from its flags), the per-CPU insert budgets, clock readings, schedule
+// positions and NAT scratch space.
+var transientMaps = []string{"config", "insert_budget", "cpu_clock", "sched_pos", "nat_sources", "nat_scratch"}
 
 // pinnedMaps are the program's other maps, the state a restarted loader adopts: every map of
 // the generated bindings but the transient ones, so a map added to the program is pinned
@@ -126,7 +126,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 			m.Close()
 		}
 		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root or with CAP_BPF and CAP_NET_ADMIN): %w", err)
+			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
 		}
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}

@@ -49,6 +49,12 @@ type lbCounter struct {
 	Bytes   uint64
 }
 
+type lbCpuClock struct {
+	_       structs.HostLayout
+	Jiffies uint64
+	Ns      uint64
+}
+
 type lbFlow struct {
 	_     structs.HostLayout
 	Src   [16]uint8
@@ -197,6 +203,7 @@ const (
 	lbMapBackends     = "backends"
 	lbMapConfig       = "config"
 	lbMapConns        = "conns"
+	lbMapCpuClock     = "cpu_clock"
 	lbMapInsertBudget = "insert_budget"
 	lbMapMaglev       = "maglev"
 	lbMapNatReserved  = "nat_reserved"
@@ -272,6 +279,7 @@ type lbMapSpecs struct {
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Config       *ebpf.MapSpec `ebpf:"config"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	CpuClock     *ebpf.MapSpec `ebpf:"cpu_clock"`
 	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	NatReserved  *ebpf.MapSpec `ebpf:"nat_reserved"`
@@ -323,6 +331,7 @@ type lbMaps struct {
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Config       *ebpf.Map `ebpf:"config"`
 	Conns        *ebpf.Map `ebpf:"conns"`
+	CpuClock     *ebpf.Map `ebpf:"cpu_clock"`
 	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	NatReserved  *ebpf.Map `ebpf:"nat_reserved"`
@@ -350,6 +359,7 @@ func (m *lbMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conns,
+		m.CpuClock,
 		m.InsertBudget,
 		m.Maglev,
 		m.NatReserved,

@@ -3,6 +3,7 @@ package l4xdp
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -261,8 +262,17 @@ func TestNATFixtureSYNFlood(t *testing.T) {
 	if firstRefusal != 0 {
 		t.Logf("flood: the first SYN refused a port was SYN %d of %d", firstRefusal, 10*span)
 	}
-	if served != clients {
-		t.Errorf("under a flood of %d SYNs to a range of %d ports: %d of %d new clients served", 10*span, span, served, clients)
+	// A new client's own hold is unfinished until its ACK, so a flood SYN between its SYN and
+	// its ACK may take it back: all of the fixture's packets fall in one tick of the program's
+	// clock, so the victim among equally old holds is the first a SYN's probes meet, about
+	// uniform over the range's unfinished holds. The bound: the expected loss at that chance
+	// plus 4 sigma of the binomial (before the fix, 100 of 100 were refused).
+	pLost := 1 - math.Pow(1-1/float64(span-established), between)
+	bound := float64(clients)*pLost + 4*math.Sqrt(float64(clients)*pLost*(1-pLost))
+	t.Logf("under a flood of %d SYNs to a range of %d ports: %d of %d new clients served (at most %.1f may lose their hold to a flood SYN before their ACK)",
+		10*span, span, served, clients, bound)
+	if float64(clients-served) > bound {
+		t.Errorf("under a flood of %d SYNs to a range of %d ports: %d of %d new clients served, fewer than %.0f", 10*span, span, served, clients, float64(clients)-bound)
 	}
 	for _, cv := range est {
 		if !r.send(cv, true, "PA", []byte("still here")) || !r.send(cv, false, "PA", []byte("yes")) {

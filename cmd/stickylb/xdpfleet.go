@@ -16,12 +16,15 @@ import (
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 // xdsNode is how `stickylb xdp --xds` reaches its control plane.
 type xdsNode struct {
 	server, nodeID, zone string // server: one address, or the replicas' comma-separated
 	ca, cert, key        string
+	// allowLoopback admits endpoints on loopback addresses (demos, tests).
+	allowLoopback bool
 }
 
 // defaultNodeID is HOST/xdp/IFACE: unique per interface of a host, stable across restarts.
@@ -37,7 +40,7 @@ func defaultNodeID(iface string) string {
 // starts on what a previous loader pinned (so a node restarted while the control plane is
 // down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
-func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics httpAddr, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
 		Servers: strings.Split(n.server, ","), NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
@@ -53,13 +56,12 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 	}
 	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
 	defer l.Close()
-	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
-		if err := l.ApplyView(v.File, verdictsOf(v)); err != nil {
-			return fmt.Errorf("applying the view: %w", err)
-		}
-		log.Info("view applied", zap.Int("services", len(v.File.Services)))
-		return nil
-	}}
+	if n.ca == "" && n.cert == "" && n.key == "" {
+		log.Warn("the stream to the control plane has no TLS: whoever can reach it, or the path to it, can feed this node backends; set --xds-ca (and --xds-cert, --xds-key)")
+	}
+	feed := newXDPFeed(l, c, n, metrics.addr, log)
+	defer feed.applied.Stop()
+	a := feed.asm
 	// Wildcard subscriptions, filtered here: the snapshot cache answers a named one only
 	// when it names every resource of the type.
 	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
@@ -70,7 +72,13 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	defer serveXDPMetrics(metrics, l, nil, rt, log, c.Collector())()
+	fs := func() *status.Feed { fd := feed.status(n.server, n.nodeID); return &fd }
+	stopMetrics, err := serveXDPMetrics(metrics, l, nil, rt, fs, log, c.Collector())
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
+		return 1
+	}
+	defer stopMetrics()
 	// The VIPs the pinned program serves are announced before the first view arrives.
 	if err := rt.start(ctx, l, cfg); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)

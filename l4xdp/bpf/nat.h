@@ -187,7 +187,7 @@ static __always_inline int rewrite_packet(struct ethhdr *eth, void *data_end, in
 static __always_inline int nat_send(struct xdp_md *ctx, struct ethhdr *eth, int v6, const __u8 *src, const __u8 *dst,
 				    struct next_hop *nh, __u64 len)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	if (!nh->at || now > nh->at + NSEC_PER_SEC) {
 		struct nat_scratch *sc = scratch();
 		if (!sc)
@@ -760,7 +760,7 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 	}
 	void *data_end = (void *)(long)ctx->data_end;
 	int v6 = eth->h_proto == bpf_htons(ETH_P_IPV6);
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	if (!icmp && now > e->last_seen + NSEC_PER_SEC) {
 		/* The flow lives while either side speaks: refresh its connection entry too. */
 		e->last_seen = now;
@@ -818,7 +818,7 @@ static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const st
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return XDP_DROP;
 	int tflags = a->tflags;
-	__u64 len = a->len, now = bpf_ktime_get_coarse_ns();
+	__u64 len = a->len, now = now_ns();
 	if (tflags & T_RST) {
 		count(&path_stats, PATH_TCP_RST, len);
 		return XDP_DROP;

@@ -39,7 +39,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	void *data_end = (void *)(long)ctx->data_end;
 	int rst = tflags & T_RST;
 	int syn = tflags & T_SYN;
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	struct conn *c = bpf_map_lookup_elem(&conns, f);
 	struct backend *b;
 	if (c) {
@@ -110,6 +110,10 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		count(&path_stats, PATH_MIDSTREAM, len);
 		algo = 0;
 	}
+	/* Above the CPU's insert cap a new flow is forwarded without being remembered: its next
+	 * packets will miss and go by the Maglev table, so it goes there too. */
+	if (algo && budget_spent(now))
+		algo = 0;
 	if (algo) {
 		int p = (vm->flags & F_WLC) ? wlc_pick(vm) : wrr_pick(vm);
 		if (p < 0) {

@@ -51,6 +51,7 @@ struct backend {
 			     * loader's writes of the slot clear it) */
 };
 
+/* Aligned to 8: hash_flow reads it as five 64-bit words. */
 struct flow {
 	__u8 src[16];
 	__u8 dst[16];
@@ -58,7 +59,7 @@ struct flow {
 	__u16 dport;
 	__u8 proto;
 	__u8 pad[3];
-};
+} __attribute__((aligned(8)));
 
 /* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
  * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
@@ -131,6 +132,12 @@ struct lb_config {
 	__u16 nat_hold_rst;
 	__u16 nat_hold_unreplied;
 	__u16 pad;
+};
+
+/* A CPU's reading of the coarse clock and the jiffy it was read in (see now_ns). */
+struct cpu_clock {
+	__u64 jiffies;
+	__u64 ns;
 };
 
 /* A CPU's insert budget: inserts made in the current one-second window. */

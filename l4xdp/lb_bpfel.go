@@ -72,12 +72,16 @@ type lbInsertBudget struct {
 }
 
 type lbLbConfig struct {
-	_         structs.HostLayout
-	InsertCap uint32
-	NatPortLo uint16
-	NatPortHi uint16
-	NatV4     uint32
-	NatV6     uint32
+	_                structs.HostLayout
+	InsertCap        uint32
+	NatPortLo        uint16
+	NatPortHi        uint16
+	NatV4            uint32
+	NatV6            uint32
+	NatHoldClosing   uint16
+	NatHoldRst       uint16
+	NatHoldUnreplied uint16
+	Pad              uint16
 }
 
 type lbLbPath uint32
@@ -106,6 +110,7 @@ const (
 	lbLbPathPATH_NAT_NO_ROUTE   lbLbPath = 20
 	lbLbPathPATH_NAT_FRAGMENT   lbLbPath = 21
 	lbLbPathPATH_NAT_STRAY      lbLbPath = 22
+	lbLbPathPATH_NAT_RECLAIM    lbLbPath = 23
 	lbLbPathPATH_MAX            lbLbPath = 24
 )
 
@@ -124,10 +129,10 @@ type lbNatEntry struct {
 		Ifindex uint32
 		At      uint64
 	}
-	Timeout  uint32
+	AckB     uint32
 	Idle     uint32
-	Replied  uint32
-	Pad      uint32
+	State    uint32
+	SeqB     uint32
 	LastSeen uint64
 }
 
@@ -143,7 +148,7 @@ type lbNatKey struct {
 
 type lbNatScratchBytes struct {
 	_ structs.HostLayout
-	B [264]uint8
+	B [368]uint8
 }
 
 type lbNatSource struct {

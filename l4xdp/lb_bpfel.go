@@ -72,14 +72,18 @@ type lbInsertBudget struct {
 }
 
 type lbLbConfig struct {
-	_         structs.HostLayout
-	InsertCap uint32
-	NatPortLo uint16
-	NatPortHi uint16
-	NatV4     uint32
-	NatV6     uint32
-	TunnelV4  [4]uint8
-	TunnelV6  [16]uint8
+	_                structs.HostLayout
+	InsertCap        uint32
+	NatPortLo        uint16
+	NatPortHi        uint16
+	NatV4            uint32
+	NatV6            uint32
+	TunnelV4         [4]uint8
+	TunnelV6         [16]uint8
+	NatHoldClosing   uint16
+	NatHoldRst       uint16
+	NatHoldUnreplied uint16
+	Pad              uint16
 }
 
 type lbLbPath uint32
@@ -108,10 +112,11 @@ const (
 	lbLbPathPATH_NAT_NO_ROUTE    lbLbPath = 20
 	lbLbPathPATH_NAT_FRAGMENT    lbLbPath = 21
 	lbLbPathPATH_NAT_STRAY       lbLbPath = 22
-	lbLbPathPATH_TUNNEL          lbLbPath = 23
-	lbLbPathPATH_TUNNEL_SECOND   lbLbPath = 24
-	lbLbPathPATH_TUNNEL_TOO_BIG  lbLbPath = 25
-	lbLbPathPATH_TUNNEL_NO_ROUTE lbLbPath = 26
+	lbLbPathPATH_NAT_RECLAIM     lbLbPath = 23
+	lbLbPathPATH_TUNNEL          lbLbPath = 24
+	lbLbPathPATH_TUNNEL_SECOND   lbLbPath = 25
+	lbLbPathPATH_TUNNEL_TOO_BIG  lbLbPath = 26
+	lbLbPathPATH_TUNNEL_NO_ROUTE lbLbPath = 27
 	lbLbPathPATH_MAX             lbLbPath = 28
 )
 
@@ -130,10 +135,10 @@ type lbNatEntry struct {
 		Ifindex uint32
 		At      uint64
 	}
-	Timeout  uint32
+	AckB     uint32
 	Idle     uint32
-	Replied  uint32
-	Pad      uint32
+	State    uint32
+	SeqB     uint32
 	LastSeen uint64
 }
 
@@ -149,7 +154,7 @@ type lbNatKey struct {
 
 type lbNatScratchBytes struct {
 	_ structs.HostLayout
-	B [264]uint8
+	B [368]uint8
 }
 
 type lbNatSource struct {

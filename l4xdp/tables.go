@@ -39,7 +39,7 @@ const (
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
 	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic",
 	"wrr", "wlc", "midstream", "nat_forward", "nat_reply", "nat_no_port", "nat_no_route", "nat_fragment", "nat_stray",
-	"tunnel", "tunnel_second", "tunnel_too_big", "tunnel_no_route"}
+	"nat_reclaim", "tunnel", "tunnel_second", "tunnel_too_big", "tunnel_no_route"}
 
 const numPaths = uint32(len(pathNames))
 

@@ -120,14 +120,14 @@ func BenchmarkProgRunTunnel(b *testing.B) {
 	}
 	est := func(port uint16) []byte { return pkt(4000, port) }
 	benchProgRunArms(b, kit, "lb", []progRunNATArm{
-		{"floor", restoringHead(b, est(80), tp.FloorXdp), est(80), xdpTX},
-		{"encap-floor", restoringHead(b, est(81), tp.EncapFloorXdp), est(81), xdpTX},
-		{"dr-established", restoringHead(b, est(80), f.Program()), est(80), xdpTX},
+		{"floor", restoringHead(b, est(80), tp.FloorXdp), est(80), xdpTX, nil},
+		{"encap-floor", restoringHead(b, est(81), tp.EncapFloorXdp), est(81), xdpTX, nil},
+		{"dr-established", restoringHead(b, est(80), f.Program()), est(80), xdpTX, nil},
 		// The tunnel's route is n0's, the packet arrives on lo: a redirect (as NAT's arms).
-		{"tunnel-established", restoringHead(b, est(81), f.Program()), est(81), xdpRedirectAction},
+		{"tunnel-established", restoringHead(b, est(81), f.Program()), est(81), xdpRedirectAction, nil},
 		// A flow that moved here: an ACK of no entry, hashed and looked up in the
 		// second-chance table at every packet, the secondary written into the header.
-		{"tunnel-moved-flow", restoringHead(b, pkt(4001, 81), f.Program()), pkt(4001, 81), xdpRedirectAction},
+		{"tunnel-moved-flow", restoringHead(b, pkt(4001, 81), f.Program()), pkt(4001, 81), xdpRedirectAction, nil},
 	})
 }
 

@@ -287,7 +287,9 @@ func (r *fleetRun) serve(ctx context.Context, addr string) {
 	if r.arm == "stickylb" {
 		r.version = 1 // a new server starts its versions again
 		r.acks.reset(r.version)
-		r.xs = NewServer(ctx, f, r.healthView, zap.NewNop())
+		// Every node dials from loopback, one identity, where a real fleet's nodes are
+		// hosts of their own: the identity's share is the fleet's.
+		r.xs = NewServer(ctx, f, r.healthView, zap.NewNop(), WithMaxNodes(max(r.subs, DefaultMaxNodes)), WithMaxNodesPerIdentity(r.subs))
 		r.xs.Register(r.g)
 	} else {
 		if r.scratch == nil {

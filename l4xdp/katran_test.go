@@ -48,8 +48,8 @@ import (
 //	pass:        TCP to an address that is no VIP: XDP_PASS.
 //	tunnel:      an ACK of a flow both programs hold, to a second VIP (10.200.1.2:80, the same
 //	             ring in Katran): Katran's IPIP encapsulation beside ours of a forwarding:
-//	             tunnel VIP with second chance (GUE with the row's secondary, the outer
-//	             source port from the flow, the next hop from the FIB), its backends
+//	             tunnel VIP with second chance (GUE, the outer source port from the flow,
+//	             the next hop from the FIB; no secondary: the entry knows the backend), its backends
 //	             10.1.0.21-23 behind a router. The established path's DR arm is the
 //	             reference of the tunnel's goal (at most 1.3x).
 //
@@ -73,7 +73,7 @@ import (
 // Before timing, each arm is run once and its verdict and output frame are compared with
 // the frame built here (Katran's IPIP encapsulation toward the real its jhash picks; our
 // MAC rewrite toward the backend our flow hash picks; our GUE toward the row's primary,
-// with its secondary); after timing, the programs' counters must
+// which the flow's SYN took); after timing, the programs' counters must
 // have moved on the arm's path only. Rounds interleave the arms; bench/katran.sh takes the
 // medians.
 func BenchmarkKatran(b *testing.B) {

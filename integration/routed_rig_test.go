@@ -492,11 +492,10 @@ func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	return false, seen
 }
 
-// maglevBackend is the backend the nodes' table names for a TCP flow from src to dst: the
-// row of the program's flow hash (flowhash.Of), modulo the table size.
+// maglevBackend is the backend the nodes' table names for a TCP flow from src to dst (the
+// program's flow hash modulo the table size).
 func maglevBackend(table []string, src, dst netip.AddrPort) string {
-	h := flowhash.Of(src.Addr(), dst.Addr(), src.Port(), dst.Port(), 6, false)
-	return table[h%uint32(len(table))]
+	return table[flowhash.Sum(src.Addr(), dst.Addr(), src.Port(), dst.Port(), 6, false)%uint32(len(table))]
 }
 
 // hostOf is the host a backend name ("spread/10.77.0.11:80") is on.

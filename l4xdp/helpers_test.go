@@ -21,9 +21,10 @@ func fnv1a(b []byte) uint32 {
 	return h
 }
 
-// flowHash is the program's hash of a flow (hash_flow), from its definition (flowhash.Of).
+// flowHash is the program's hash of a flow (hash_flow), written from its definition in
+// internal/testkit/flowhash.
 func flowHash(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnly bool) uint32 {
-	return flowhash.Of(src, dst, sport, dport, proto, srcOnly)
+	return flowhash.Sum(src, dst, sport, dport, proto, srcOnly)
 }
 
 // maglevSlots is the Maglev table of 65,537 entries policies/chash builds over hosts, as

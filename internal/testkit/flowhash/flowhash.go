@@ -1,6 +1,6 @@
 // Package flowhash is the XDP program's flow hash (hash_flow in l4xdp/bpf/pick.h), written
-// here from its definition, so that tests know which table row a flow takes without asking
-// the program: the l4xdp fixtures and the end-to-end tests' expected backends.
+// in Go from its definition, so that tests can say which backend a flow's packets go to
+// without asking the program.
 package flowhash
 
 import (
@@ -8,12 +8,12 @@ import (
 	"net/netip"
 )
 
-// Of is the hash of a flow: its key (source and destination, 16 bytes each, IPv4 mapped;
-// the ports as they sit in the packet; the protocol; zero padding to 40 bytes) read as
-// little-endian 64-bit words, the source's two when srcOnly (balance source_ip) and all five
-// otherwise, each folded in by xor, multiply and a fold of the high half, then a last
-// multiply and fold (splitmix64's constants).
-func Of(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnly bool) uint32 {
+// Sum is the program's hash of a flow: the flow's key (source and destination, 16 bytes
+// each, IPv4 mapped; the ports as they sit in the packet; the protocol; zero padding to 40
+// bytes) read as little-endian 64-bit words, the source's two when srcOnly (source_ip
+// stickiness) and all five otherwise, each folded in by xor, multiply and a fold of the
+// high half, then a last multiply and fold (splitmix64's constants).
+func Sum(src, dst netip.Addr, sport, dport uint16, proto uint8, srcOnly bool) uint32 {
 	var k [40]byte
 	s, d := src.As16(), dst.As16()
 	copy(k[0:], s[:])

@@ -106,6 +106,13 @@ func WithNodeIdentity() Option {
 	return func(s *Server) { s.requireIdentity = true }
 }
 
+// FirstVerdictSlack is added to the health checks' first-verdict bound
+// (health.Config.FirstVerdictWithin) before a control plane starting cold publishes
+// without every first verdict: a probe's timer and the transition's delivery run late on
+// a loaded machine, and a target left unknown after it is published unknown (routable).
+// The one-process control plane and a replica starting on an empty store hold as long.
+const FirstVerdictSlack = 250 * time.Millisecond
+
 // WithFirstVerdicts holds every snapshot until ready is closed (or the server's context
 // ends): a control plane that starts publishes its health view only once its checkers'
 // first probes have decided, so it never pushes the "unknown" of a checker that has not

@@ -10,10 +10,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -33,6 +35,7 @@ type replicaFlags struct {
 	apiCert      string
 	apiKey       string
 	apiClientCA  string
+	apiNames     string
 	apiTokens    string
 }
 
@@ -44,7 +47,8 @@ func (f *replicaFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.api, "api", "", "address of the change API (HTTPS with --api-cert/--api-key; plaintext only on a loopback address)")
 	fs.StringVar(&f.apiCert, "api-cert", "", "the API's certificate (PEM)")
 	fs.StringVar(&f.apiKey, "api-key", "", "the API's key (PEM)")
-	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM): client certificates it signs authenticate to the API")
+	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM) of the API's client certificates: a CA of its own, not the nodes' xDS CA (with --api-client-names)")
+	fs.StringVar(&f.apiNames, "api-client-names", "", "comma-separated names (common name, DNS or URI SAN) of the client certificates that may change the fleet; \"*\": every one --api-client-ca signs")
 	fs.StringVar(&f.apiTokens, "api-tokens", "", "file of `NAME TOKEN` lines: bearer tokens that authenticate to the API")
 }
 
@@ -81,7 +85,7 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 	}
 	var apiLn net.Listener
 	if rf.api != "" {
-		auth, err := apiAuth(rf)
+		auth, err := apiAuth(rf, log)
 		if err != nil {
 			ln.Close()
 			return fail(err)
@@ -114,12 +118,12 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 			return fail(fmt.Errorf("listening for admin: %w", err))
 		}
 		adminAddr = aln.Addr().String()
-		defer serveHTTP(aln, r.Server().AdminHandler(collectors...))()
+		defer serveHTTP(aln, r.Server().AdminHandler(collectors...), serverLimits())()
 	}
 	apiAddr := ""
 	if apiLn != nil {
 		apiAddr = apiLn.Addr().String()
-		defer serveHTTP(apiLn, apiHandler.Handler())()
+		defer serveHTTP(apiLn, apiHandler.Handler(), serverLimits())()
 	}
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -148,26 +152,54 @@ func registerHealth(g *grpc.Server, gate *replica.Gate) {
 	})
 }
 
-// serveHTTP serves h on ln until the returned function closes it.
-func serveHTTP(ln net.Listener, h http.Handler) (closeIt func()) {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+// httpLimits bound what one client of an HTTP server (the admin endpoint, the change API)
+// costs: a client that sends slowly, holds connections idle or sends huge headers.
+type httpLimits struct {
+	readHeader, read, write, idle time.Duration
+	maxHeaderBytes                int
+}
+
+// serverLimits are the limits every HTTP server of the command runs with.
+func serverLimits() httpLimits {
+	return httpLimits{readHeader: 5 * time.Second, read: 30 * time.Second, // 1 MiB of pools file at 35 KB/s
+		write: 30 * time.Second, idle: 60 * time.Second, maxHeaderBytes: 64 << 10}
+}
+
+// apiMaxConns caps the change API's connections (an operator's console, a few scripts):
+// more wait in the listen queue until one closes.
+const apiMaxConns = 64
+
+// serveHTTP serves h on ln within l until the returned function closes it.
+func serveHTTP(ln net.Listener, h http.Handler, l httpLimits) (closeIt func()) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: l.readHeader, ReadTimeout: l.read,
+		WriteTimeout: l.write, IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeaderBytes}
 	go func() { _ = hs.Serve(ln) }()
 	return func() { hs.Close() }
 }
 
-// apiAuth reads the API's credentials: tokens and/or client certificates, at least one.
-func apiAuth(rf replicaFlags) (*api.Auth, error) {
+// apiAuth reads the API's credentials: tokens and/or client certificates by name, at
+// least one.
+func apiAuth(rf replicaFlags, log *zap.Logger) (*api.Auth, error) {
 	if rf.apiTokens == "" && rf.apiClientCA == "" {
 		return nil, errors.New("--api needs --api-tokens FILE or --api-client-ca FILE: the API authenticates every request")
+	}
+	var names []string
+	for _, n := range strings.Split(rf.apiNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	if (rf.apiClientCA == "") != (len(names) == 0) {
+		return nil, errors.New(`--api-client-ca and --api-client-names go together: name the client certificates that may change the fleet (or "*" for every one the CA signs: then give the API a CA of its own, never the nodes' xDS CA)`)
 	}
 	var tokens map[string]string
 	if rf.apiTokens != "" {
 		var err error
-		if tokens, err = api.LoadTokens(rf.apiTokens); err != nil {
+		if tokens, err = api.LoadTokens(rf.apiTokens, func(w string) { log.Warn("--api-tokens: " + w) }); err != nil {
 			return nil, fmt.Errorf("reading --api-tokens: %w", err)
 		}
 	}
-	return api.NewAuth(tokens, rf.apiClientCA != ""), nil
+	return api.NewAuth(tokens, names), nil
 }
 
 // apiListener listens for the API: TLS with --api-cert/--api-key, else plaintext on a
@@ -181,12 +213,20 @@ func apiListener(rf replicaFlags) (net.Listener, error) {
 		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
 			return nil, fmt.Errorf("--api %s: without --api-cert and --api-key the API serves plaintext, on a loopback address only", rf.api)
 		}
-		return net.Listen("tcp", rf.api)
+		ln, err := net.Listen("tcp", rf.api)
+		if err != nil {
+			return nil, err
+		}
+		return netutil.LimitListener(ln, apiMaxConns), nil
 	}
 	// A certificate authenticates when given; without one a bearer token may.
 	cfg, err := tlsConfig(rf.apiCert, rf.apiKey, rf.apiClientCA, tls.VerifyClientCertIfGiven)
 	if err != nil {
 		return nil, fmt.Errorf("the API's TLS: %w", err)
 	}
-	return tls.Listen("tcp", rf.api, cfg)
+	ln, err := net.Listen("tcp", rf.api)
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(netutil.LimitListener(ln, apiMaxConns), cfg), nil
 }

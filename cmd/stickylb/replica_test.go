@@ -38,6 +38,9 @@ services:
         zone: zone-b
 `
 
+// bobToken is the API token of a second operator.
+const bobToken = "b0b-s3cret-token-of-bob"
+
 // apiRig is one replica with its change API over a one-member etcd.
 type apiRig struct {
 	t              *testing.T
@@ -59,7 +62,8 @@ func newAPIRig(t *testing.T, tune ...func(*replicaFlags)) *apiRig {
 		t.Fatal(errs)
 	}
 	tokens := filepath.Join(rg.dir, "tokens")
-	os.WriteFile(tokens, []byte("# name token\nalice "+rg.token+"\n"), 0o600)
+	os.WriteFile(tokens, []byte("# name token\nalice "+rg.token+"\nbob "+bobToken+"\n"), 0o600)
+	os.WriteFile(filepath.Join(rg.dir, "bobtoken"), []byte(bobToken+"\n"), 0o600)
 	os.WriteFile(filepath.Join(rg.dir, "token"), []byte(rg.token+"\n"), 0o600)
 	var o xdsOptions
 	o.listen, o.admin = "127.0.0.1:0", "127.0.0.1:0"
@@ -141,8 +145,18 @@ func TestChangeAPI(t *testing.T) {
 	if code, _, errs := rg.ctl("weight", "web", "10.0.1.2:8080", "7"); code != 0 {
 		t.Fatalf("weight: %s", errs)
 	}
+	// A mistyped backend: weight never adds it (404), add refuses one there already (409).
+	if code, _, errs := rg.ctl("weight", "web", "10.0.1.7:8080", "5"); code != 1 || !strings.Contains(errs, "404") {
+		t.Fatalf("weight of a backend the service lacks: %d %s", code, errs)
+	}
+	if strings.Contains(rg.stored(), "10.0.1.7") {
+		t.Fatalf("weight added a backend:\n%s", rg.stored())
+	}
 	if code, _, errs := rg.ctl("add", "web", `{"address": "10.0.1.3:8080", "zone": "zone-b", "weight": 2}`); code != 0 {
 		t.Fatalf("add: %s", errs)
+	}
+	if code, _, errs := rg.ctl("add", "web", `{"address": "10.0.1.3:8080", "weight": 4}`); code != 1 || !strings.Contains(errs, "409") {
+		t.Fatalf("add of a backend there already: %d %s", code, errs)
 	}
 	if code, _, errs := rg.ctl("zone-drain", "web", "zone-b"); code != 0 {
 		t.Fatalf("zone-drain: %s", errs)
@@ -218,6 +232,22 @@ func TestChangeAPI(t *testing.T) {
 	if !(codes[0] == 200 && codes[1] == 409 || codes[0] == 409 && codes[1] == 200) {
 		t.Fatalf("two PUTs with If-Match %s: %v, want one 200 and one 409", etag, codes)
 	}
+	// ctl pools-put of another operator (bob) over alice's last change is refused, naming
+	// her, unless --force; alice replacing her own change is not.
+	put := filepath.Join(rg.dir, "put.yaml")
+	os.WriteFile(put, []byte(apiPools), 0o644)
+	bob := func(args ...string) (int, string, string) {
+		return rg.run(append([]string{"ctl", "--api", "http://" + rg.api, "--token-file", filepath.Join(rg.dir, "bobtoken")}, args...)...)
+	}
+	if code, _, errs := bob("pools-put", put); code != 1 || !strings.Contains(errs, "token:alice") || !strings.Contains(errs, "--force") {
+		t.Fatalf("bob's pools-put over alice's change: %d %s", code, errs)
+	}
+	if code, _, errs := bob("pools-put", put, "--force"); code != 0 {
+		t.Fatalf("bob's pools-put --force: %s", errs)
+	}
+	if code, _, errs := bob("pools-put", put); code != 0 {
+		t.Fatalf("bob's pools-put over his own: %s", errs)
+	}
 	// The replica's gRPC health service says it serves.
 	cc, err := grpc.NewClient(rg.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -233,6 +263,9 @@ func TestChangeAPI(t *testing.T) {
 	m := rg.metrics()
 	for _, want := range []string{`stickylb_xds_api_changes_total{op="backend_drain",result="ok"} 1`,
 		`stickylb_xds_api_changes_total{op="backend_put",result="invalid"} 2`,
+		`stickylb_xds_api_changes_total{op="backend_put",result="not_found"} 1`,
+		`stickylb_xds_api_changes_total{op="backend_add",result="ok"} 1`,
+		`stickylb_xds_api_changes_total{op="backend_add",result="conflict"} 1`,
 		`stickylb_xds_api_changes_total{op="backend_drain",result="unauthorized"} 2`,
 		`stickylb_xds_api_changes_total{op="pools_put",result="conflict"} 1`,
 		"stickylb_xds_store_connected 1", "stickylb_xds_leader 1"} {
@@ -249,8 +282,11 @@ func TestReplicaFlagsRefused(t *testing.T) {
 	if code := run([]string{"xds", "--etcd", "http://127.0.0.1:1", "--pools", "p.yaml"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "stickylb pools apply") {
 		t.Fatalf("--etcd with --pools: %d %s", code, errb.String())
 	}
-	for _, rf := range []replicaFlags{{api: "0.0.0.0:9000", apiTokens: "x"}, {api: "127.0.0.1:9000"}} {
-		_, err := apiAuth(rf)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(tokens, []byte("alice s3cret-token-of-alice\n"), 0o600)
+	for _, rf := range []replicaFlags{{api: "0.0.0.0:9000", apiTokens: tokens}, {api: "127.0.0.1:9000"},
+		{api: "127.0.0.1:9000", apiTokens: tokens, apiClientCA: "ca.pem"}, {api: "127.0.0.1:9000", apiTokens: tokens, apiNames: "ops"}} {
+		_, err := apiAuth(rf, zap.NewNop())
 		if err == nil {
 			_, err = apiListener(rf)
 		}
@@ -258,8 +294,9 @@ func TestReplicaFlagsRefused(t *testing.T) {
 			t.Errorf("%+v: accepted", rf)
 		}
 	}
-	if code := run([]string{"ctl", "--help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "zone-drain") {
-		t.Fatalf("ctl --help: %d", code)
+	errb.Reset()
+	if code := run([]string{"ctl", "--help"}, &out, &errb); code != 0 || strings.Count(errb.String(), "zone-drain") != 1 || !strings.Contains(errb.String(), "-timeout") {
+		t.Fatalf("ctl --help: %d\n%s", code, errb.String())
 	}
 }
 
@@ -273,10 +310,18 @@ func TestChangeAPIClientCertificates(t *testing.T) {
 	ca.WriteCA(file("ca.pem"))
 	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "api", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}}), file("api.pem"), file("api.key"))
 	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "operator-1"}), file("op.pem"), file("op.key"))
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "node-1"}), file("node.pem"), file("node.key"))
 	rg := newAPIRig(t, func(rf *replicaFlags) {
 		rf.apiTokens, rf.apiCert, rf.apiKey, rf.apiClientCA = "", file("api.pem"), file("api.key"), file("ca.pem")
+		rf.apiNames = "operator-1"
 	})
-	code, _, errs := rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("op.pem"), "--key", file("op.key"), "--ca", file("ca.pem"),
+	// A certificate the CA signed whose name is not on --api-client-names changes nothing.
+	code, _, errs := rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("node.pem"), "--key", file("node.key"), "--ca", file("ca.pem"),
+		"drain", "web", "10.0.1.2:8080")
+	if code != 1 || !strings.Contains(errs, "401") || strings.Contains(rg.stored(), "drain: true") {
+		t.Fatalf("drain with a certificate not on the list: %d %s", code, errs)
+	}
+	code, _, errs = rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("op.pem"), "--key", file("op.key"), "--ca", file("ca.pem"),
 		"drain", "web", "10.0.1.2:8080")
 	if code != 0 {
 		t.Fatalf("drain with a client certificate: %s", errs)

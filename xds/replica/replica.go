@@ -24,10 +24,6 @@ import (
 const (
 	DefaultLeaseTTL     = 5 * time.Second
 	DefaultStoreTimeout = 10 * time.Second
-	// firstVerdictSlack is added to the health checks' first-verdict bound before a
-	// replica starting cold serves without a stored verdict for every backend (as the
-	// one-process control plane's hold).
-	firstVerdictSlack = 250 * time.Millisecond
 	// retryEvery paces the attempts to reach a store that does not answer.
 	retryEvery = 500 * time.Millisecond
 )
@@ -283,7 +279,7 @@ func (r *Replica) releasedLocked(st *store.State) bool {
 	var bound time.Duration
 	missing := 0
 	for _, svc := range pools.HealthServices(r.file.Services) {
-		bound = max(bound, svc.Config.FirstVerdictWithin()+firstVerdictSlack)
+		bound = max(bound, svc.Config.FirstVerdictWithin()+xds.FirstVerdictSlack)
 		for _, t := range svc.Targets {
 			if _, ok := st.Verdict(svc.Name, t.ID); !ok {
 				missing++

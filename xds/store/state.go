@@ -261,3 +261,27 @@ func PutDocument(ctx context.Context, cli *clientv3.Client, k Keys, yaml []byte,
 	}
 	return r.Header.Revision, nil
 }
+
+// ReplaceDocument reads the stored pools file, hands it to accept when set (which may
+// refuse the change), and stores yaml in its place with PutDocument: on revision expect,
+// or on the revision just read when expect < 0. It returns the document read (nil when
+// none) and the new revision. The caller has validated yaml.
+func ReplaceDocument(ctx context.Context, cli *clientv3.Client, k Keys, yaml []byte, expect int64, c Change, accept func(old *Document) error) (*Document, int64, error) {
+	old, err := GetDocument(ctx, cli, k)
+	if err != nil {
+		return nil, 0, err
+	}
+	if accept != nil {
+		if err := accept(old); err != nil {
+			return old, 0, err
+		}
+	}
+	if expect < 0 {
+		expect = 0
+		if old != nil {
+			expect = old.Revision
+		}
+	}
+	rev, err := PutDocument(ctx, cli, k, yaml, expect, c)
+	return old, rev, err
+}

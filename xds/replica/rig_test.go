@@ -51,15 +51,7 @@ func (rg *rig) apply(yaml string) int64 {
 	rg.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	doc, err := store.GetDocument(ctx, rg.cli, rg.keys)
-	if err != nil {
-		rg.t.Fatal(err)
-	}
-	var expect int64
-	if doc != nil {
-		expect = doc.Revision
-	}
-	rev, err := store.PutDocument(ctx, rg.cli, rg.keys, []byte(yaml), expect, store.Change{By: "test", Op: "apply"})
+	_, rev, err := store.ReplaceDocument(ctx, rg.cli, rg.keys, []byte(yaml), -1, store.Change{By: "test", Op: "apply"}, nil)
 	if err != nil {
 		rg.t.Fatal(err)
 	}

@@ -125,6 +125,14 @@ func WithFirstVerdicts(ready <-chan struct{}) Option {
 	return func(s *Server) { s.firstVerdicts = ready }
 }
 
+// WithResumeWait has wait called with the version a stream's first request says its
+// node holds (its ACKed version, from an earlier stream) before the stream is answered: a
+// replica of the replicated control plane that is behind the node waits there until it
+// has caught up, so the node is not sent an older version than it has.
+func WithResumeWait(wait func(version string)) Option {
+	return func(s *Server) { s.resumeWait = wait }
+}
+
 // Server serves one pools file to every node, per node locality.
 //
 // Locks: buildMu orders everything that builds snapshots (reloads, refreshes, the first
@@ -157,6 +165,9 @@ type Server struct {
 	holding       atomic.Bool
 	// replica, when set, reports the replicated control plane on the status page.
 	replica ReplicaStatus
+	// resumeWait, when set, runs before a stream's first request with a version is
+	// answered (WithResumeWait).
+	resumeWait func(version string)
 
 	buildMu sync.Mutex
 	// refreshQueued is set while a Refresh waits for buildMu.
@@ -346,6 +357,9 @@ func shrink[K comparable, V any](m *map[K]V, peak *int) {
 // status that ends the stream), the others ACK or NACK what the stream was sent. It returns
 // the node the cache must see, whose id is the stream's cache key.
 func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string, nacked bool, version string) (*corev3.Node, error) {
+	if s.resumeWait != nil && version != "" && version != deltaAckVersion && !s.admitted(id) {
+		s.resumeWait(version) // a stream's requests come one by one: this holds the stream alone
+	}
 	s.mu.Lock()
 	st := s.streams[id]
 	if st == nil {
@@ -383,6 +397,14 @@ func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string
 		st.acks.ack(typeURL, version)
 	}
 	return st.keyNode, nil
+}
+
+// admitted reports whether stream id's first request was accepted.
+func (s *Server) admitted(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.streams[id]
+	return st != nil && st.admitted
 }
 
 // admitLocked checks a stream's first request and registers its node; it reports whether

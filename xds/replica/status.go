@@ -1,8 +1,11 @@
 package replica
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -27,7 +30,29 @@ func (r *Replica) Status() *status.Replica {
 	if !open {
 		out.Note = "refusing xDS streams: " + reason
 	}
+	r.mu.Lock()
+	if r.badRev != 0 {
+		served := "nothing"
+		if r.fileRev != 0 {
+			served = fmt.Sprintf("the file of revision %d", r.fileRev)
+		}
+		out.Problem = fmt.Sprintf("the stored pools file (revision %d) does not parse here: %s; serving %s", r.badRev, r.badErr, served)
+	}
+	r.mu.Unlock()
 	return out
+}
+
+// probes is the status page's last check of a backend: the leader's own checker, or on
+// another replica the stored verdict's (its deciding probe, at its since-time).
+func (r *Replica) probes(service, id string) (health.TargetStatus, bool) {
+	if m := r.mon.Load(); m != nil {
+		return m.Lookup(service, id)
+	}
+	v, ok := r.served.Load().Verdict(service, id)
+	if !ok {
+		return health.TargetStatus{}, false
+	}
+	return health.TargetStatus{ID: id, State: v.State, Since: v.Since, Reason: v.Reason, LastProbe: v.Since, LastResult: v.Reason}, true
 }
 
 func (r *Replica) empty() bool {

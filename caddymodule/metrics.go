@@ -7,6 +7,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/stickylb/stickylb/internal/buildinfo"
 )
 
 // collector exports stickylb's state as Prometheus metrics at scrape time, reading the
@@ -86,15 +88,20 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 // context its own); registering it twice in one registry is expected and ignored.
 var theCollector collector
 
+// buildCollector is stickylb_build_info: the stickylb module this Caddy was built with.
+var buildCollector = buildinfo.Collector()
+
 func registerMetrics(ctx caddy.Context) {
 	reg := ctx.GetMetricsRegistry()
 	if reg == nil {
 		return
 	}
-	if err := reg.Register(theCollector); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			ctx.Logger().Error("registering stickylb metrics", zap.Error(err))
+	for _, c := range []prometheus.Collector{theCollector, buildCollector} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				ctx.Logger().Error("registering stickylb metrics", zap.Error(err))
+			}
 		}
 	}
 }

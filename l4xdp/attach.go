@@ -126,7 +126,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 			m.Close()
 		}
 		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root or with CAP_BPF and CAP_NET_ADMIN): %w", err)
+			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
 		}
 		return nil, fmt.Errorf("loading the XDP program: %w", err)
 	}

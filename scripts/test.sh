@@ -11,7 +11,9 @@ need=()
 # itself needs nothing installed: the tests build its members from the Go module
 # (internal/testkit/etcdtest/member, go.etcd.io/etcd/server/v3/embed).
 # bird (BIRD 2): the router of the L4 fleet's end-to-end tests (integration/routed_*).
-for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium bird:bird2; do
+# prometheus: promtool checks and tests examples/prometheus/alerts.yaml (cmd/stickylb).
+for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium bird:bird2 \
+	promtool:prometheus; do
 	command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/stickylb/stickylb/internal/buildinfo"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -22,6 +23,7 @@ import (
 // set). extra collectors are served on /metrics beside the server's own.
 func (s *Server) AdminHandler(extra ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(buildinfo.Collector())
 	reg.MustRegister(extra...)
 	gauge := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))

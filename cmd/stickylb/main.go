@@ -1,5 +1,6 @@
 // Command stickylb checks, plans and serves pools files:
 //
+//	stickylb version [--json]
 //	stickylb validate FILE
 //	stickylb plan --pools OLD --next NEW [--json] [--keys N]
 //	stickylb xds --pools FILE --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]
@@ -26,6 +27,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/buildinfo"
 	"github.com/stickylb/stickylb/policies/plan"
 	"github.com/stickylb/stickylb/policies/pools"
 )
@@ -33,6 +35,8 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 const usage = `usage:
+  stickylb version [--json]                             the build: module version, VCS revision and time, Go version
+                                                       (--version after any command prints the same)
   stickylb validate FILE                                check a pools file; every error as file:line
   stickylb plan --pools OLD --next NEW [--json] [--keys N]
                                                        share of keys each service would move
@@ -58,7 +62,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	if args[0] != "version" && askedVersion(args) {
+		return versionCmd(nil, stdout, stderr)
+	}
 	switch args[0] {
+	case "version":
+		return versionCmd(args[1:], stdout, stderr)
 	case "validate":
 		return validate(args[1:], stdout, stderr)
 	case "plan":
@@ -81,6 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // Synopses of the subcommands, printed with their flags by -h and on a wrong command line.
 const (
+	versionUsage  = "usage: stickylb version [--json]\n"
 	validateUsage = "usage: stickylb validate [-q] FILE\n"
 	planUsage     = "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n"
 	xdsUsage      = "usage: stickylb xds (--pools FILE | --etcd URL[,URL...] [--replica-id ID] [--api ADDR ...]) --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n"
@@ -113,6 +123,51 @@ func newLogger(opts ...zap.Option) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()
 	cfg.DisableStacktrace = true
 	return cfg.Build(opts...)
+}
+
+// askedVersion reports whether the command line asks for the version (--version or
+// -version before any "--"), whatever the command: every command answers it the same, before
+// its own flags are parsed.
+func askedVersion(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "--version" || a == "-version" {
+			return true
+		}
+	}
+	return false
+}
+
+func versionCmd(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("version", versionUsage, stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	fs.Bool("version", false, "the same as the command (every command takes it)")
+	if err := fs.Parse(args); err != nil {
+		return parseError(err)
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprint(stderr, versionUsage)
+		return 2
+	}
+	in := buildinfo.Read()
+	if *asJSON {
+		return printJSON(stdout, stderr, in)
+	}
+	fmt.Fprint(stdout, in)
+	return 0
+}
+
+// printJSON writes v as indented JSON and returns the exit status: 1 when it cannot.
+func printJSON(stdout, stderr io.Writer, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // load reads a pools file, printing its errors (every one, file:line first) and warnings.
@@ -227,13 +282,7 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 		if out.Services == nil {
 			out.Services = []plan.Result{}
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		return 0
+		return printJSON(stdout, stderr, out)
 	}
 	printPlan(stdout, rs)
 	return 0

@@ -287,3 +287,40 @@ func TestHelpShowsArguments(t *testing.T) {
 		}
 	}
 }
+
+// `stickylb version` and --version after any command print the same build, and stop there
+// (xds --version serves nothing, whatever else the line holds).
+func TestVersion(t *testing.T) {
+	var want, errb bytes.Buffer
+	if code := run([]string{"version"}, &want, &errb); code != 0 {
+		t.Fatalf("version: exit %d: %s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimSuffix(want.String(), "\n"), "\n")
+	if len(lines) < 5 || !strings.HasPrefix(lines[0], "stickylb ") || !strings.Contains(want.String(), "  go        go1.") {
+		t.Fatalf("version printed %q", want.String())
+	}
+	for _, args := range [][]string{{"--version"}, {"xds", "--version"}, {"xds", "--pools", "/nonexistent", "--version"},
+		{"xdp", "stats", "--iface", "lo", "-version"}, {"validate", "--version"}} {
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 0 || out.String() != want.String() || errb.Len() != 0 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 0 and %q", args, code, out.String(), errb.String(), want.String())
+		}
+	}
+	// After "--" it is an argument, not a request.
+	var out, errb2 bytes.Buffer
+	if code := run([]string{"validate", "--", "--version"}, &out, &errb2); code != 1 {
+		t.Errorf("validate -- --version: exit %d (%s); want 1 (no such file)", code, errb2.String())
+	}
+	var js bytes.Buffer
+	if code := run([]string{"version", "--json", "--version"}, &js, &errb); code != 0 {
+		t.Fatalf("version --json: exit %d", code)
+	}
+	var in struct {
+		Version   string `json:"version"`
+		GoVersion string `json:"go_version"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &in); err != nil || in.Version == "" || !strings.HasPrefix(in.GoVersion, "go1.") ||
+		lines[0] != "stickylb "+in.Version {
+		t.Errorf("version --json: %q (%v)", js.String(), err)
+	}
+}

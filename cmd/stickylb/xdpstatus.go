@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/buildinfo"
 	"github.com/stickylb/stickylb/l4xdp"
 	"github.com/stickylb/stickylb/policies/status"
 )
@@ -15,8 +16,9 @@ import (
 // status.json beside it, and the Prometheus metrics at every other path (as before the page,
 // so scrapers of any path keep working). Unauthenticated and read-only: keep it private.
 // edits, the record of the pools file's edits, is nil on a node fed by a control plane;
-// routing, what the node announces, nil without BGP.
+// routing, what the node announces, nil without BGP. It adds stickylb_build_info to reg.
 func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, routing func() *status.Routing, log *zap.Logger) http.Handler {
+	reg.MustRegister(buildinfo.Collector())
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { status.ServePage(w) })

@@ -46,7 +46,7 @@ const usage = `usage:
                                                        forward the pools file's VIPs in XDP (also: xdp stats|detach|pass)
   stickylb xdp --xds ADDR[,ADDR...] --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                                                        forward the VIPs and verdicts a control plane pushes
-  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F --etcd-cert F --etcd-key F] [--if-revision N | --force]
+  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F --etcd-cert F --etcd-key F] [--if-revision N | --force] [--as NAME]
                                                        validate a pools file and store it for the replicas
   stickylb pools get --etcd URL[,URL...]              print the stored pools file (its revision on stderr)
   stickylb xds --etcd URL[,URL...] --listen ADDR [--api ADDR ...]

@@ -17,13 +17,15 @@ import (
 )
 
 const poolsUsage = `usage:
-  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]] [--if-revision N | --force]
+  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]] [--if-revision N | --force] [--as NAME]
   stickylb pools get --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]]
 
 apply validates FILE as validate does and stores it for the replicas, with a compare-and-swap
 on the revision it read. When someone else stored the file last (a change through the API,
 another operator), apply refuses: look at it with get, then apply with --if-revision N (the
-revision you read) or --force. get prints the stored file, its revision on stderr.
+revision you read) or --force. A job that applies a file of record names itself with --as,
+so its own last apply is not someone else's. get prints the stored file, its revision on
+stderr.
 `
 
 // storeFlags are the flags of every command that reaches the store.
@@ -88,6 +90,7 @@ func poolsCmd(args []string, stdout, stderr io.Writer) int {
 	sf.register(fs)
 	ifRev := fs.Int64("if-revision", -1, "apply: store only if the stored file is at this revision (0: only into an empty store); default: the revision read just before")
 	force := fs.Bool("force", false, "apply: store even when someone else stored the file last (their change is overwritten)")
+	as := fs.String("as", "", "apply: the name the change is recorded under (default USER@HOST)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for etcd")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -101,7 +104,11 @@ func poolsCmd(args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	cfg := sf.config()
 	if sub == "apply" {
-		return poolsApply(ctx, cfg, pos[0], *ifRev, *force, stdout, stderr)
+		me := *as
+		if me == "" {
+			me = whoAmI()
+		}
+		return poolsApply(ctx, cfg, pos[0], me, *ifRev, *force, stdout, stderr)
 	}
 	cli, err := cfg.Client(zap.NewNop())
 	if err != nil {
@@ -123,10 +130,10 @@ func poolsCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// poolsApply validates the file exactly as `validate` does, then stores those bytes with
-// a compare-and-swap on the revision it read (or the one given). Without a revision given
-// it refuses to overwrite a file someone else stored last, unless forced.
-func poolsApply(ctx context.Context, cfg store.Config, path string, ifRev int64, force bool, stdout, stderr io.Writer) int {
+// poolsApply validates the file exactly as `validate` does, then stores those bytes as me
+// with a compare-and-swap on the revision it read (or the one given). Without a revision
+// given it refuses to overwrite a file someone else stored last, unless forced.
+func poolsApply(ctx context.Context, cfg store.Config, path, me string, ifRev int64, force bool, stdout, stderr io.Writer) int {
 	if fi, err := os.Stat(path); err == nil && fi.Size() > store.MaxDocument {
 		fmt.Fprintf(stderr, "%s: %d bytes; the store takes a pools file of at most %d bytes (1 MiB: etcd's requests are limited to 1.5 MiB)\n", path, fi.Size(), store.MaxDocument)
 		return 1
@@ -150,7 +157,6 @@ func poolsApply(ctx context.Context, cfg store.Config, path string, ifRev int64,
 		return 1
 	}
 	defer cli.Close()
-	me := whoAmI()
 	var accept func(*store.Document) error
 	if ifRev < 0 && !force {
 		accept = func(old *store.Document) error {

@@ -93,8 +93,15 @@ func TestPoolsApplyGet(t *testing.T) {
 	if _, err := store.PutDocument(ctx, cli, store.KeysOf(""), good, theirs+1, store.Change{By: "token:bob"}); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, errs := run2("pools", "apply", p, "--etcd", ep, "--force"); code != 0 {
+	if code, _, errs := run2("pools", "apply", p, "--etcd", ep, "--force", "--as", "pools-apply-job"); code != 0 {
 		t.Fatalf("apply --force: %q", errs)
+	}
+	// A job naming itself with --as is not someone else to its next run.
+	if code, _, errs := run2("pools", "apply", p, "--etcd", ep, "--as", "pools-apply-job"); code != 0 {
+		t.Fatalf("the job's second apply: %q", errs)
+	}
+	if code, _, errs := run2("pools", "get", "--etcd", ep); code != 0 || !strings.Contains(errs, "stored by pools-apply-job") {
+		t.Fatalf("stored by: %q", errs)
 	}
 	big := filepath.Join(dir, "big.yaml")
 	os.WriteFile(big, append(good, bytes.Repeat([]byte("#\n"), 1<<19)...), 0o644)

@@ -171,10 +171,15 @@ func (r *Replica) heartbeat(ctx context.Context) {
 	var behind int64       // a read's revision the watch had not reached, 0: none
 	var behindAt time.Time // when that read was
 	for {
-		// A read is bounded by what remains of the store timeout: the stop comes at the
-		// timeout, not a read's timeout after it.
-		deadline := time.Unix(0, r.lastOK.Load()).Add(r.cfg.StoreTimeout)
-		hctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(max(every, time.Second)), deadline))
+		// While the replica serves, a read is bounded by what remains of the store timeout:
+		// the stop comes at the timeout, not a read's timeout after it.
+		connected := r.connected.Load()
+		timeout := max(every, time.Second)
+		if connected {
+			left := time.Until(time.Unix(0, r.lastOK.Load()).Add(r.cfg.StoreTimeout))
+			timeout = min(timeout, max(left, time.Millisecond))
+		}
+		hctx, cancel := context.WithTimeout(ctx, timeout)
 		ms, rev, err := store.Members(hctx, r.cli, r.cfg.Keys)
 		cancel()
 		if err == nil {
@@ -191,6 +196,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 		if err == nil && behind == 0 && r.connected.Load() && r.watchRev.Load() < rev {
 			behind, behindAt = rev, time.Now()
 		}
+		wait := every
 		if r.connected.Load() {
 			since := time.Since(time.Unix(0, r.lastOK.Load()))
 			switch {
@@ -199,12 +205,13 @@ func (r *Replica) heartbeat(ctx context.Context) {
 			case behind != 0 && time.Since(behindAt) >= r.cfg.StoreTimeout:
 				r.lose(fmt.Sprintf("the store watch has not reached revision %d, which a read saw %s ago (--store-timeout %s): it has stalled",
 					behind, time.Since(behindAt).Round(time.Millisecond), r.cfg.StoreTimeout))
+			default:
+				// Wake at the next beat, or at the moment the store timeout runs out.
+				wait = min(wait, r.cfg.StoreTimeout-since)
+				if behind != 0 {
+					wait = min(wait, time.Until(behindAt.Add(r.cfg.StoreTimeout)))
+				}
 			}
-		}
-		// Wake at the next beat, or at the moment the store timeout runs out.
-		wait := min(every, time.Until(time.Unix(0, r.lastOK.Load()).Add(r.cfg.StoreTimeout)))
-		if behind != 0 {
-			wait = min(wait, time.Until(behindAt.Add(r.cfg.StoreTimeout)))
 		}
 		select {
 		case <-ctx.Done():
@@ -212,13 +219,6 @@ func (r *Replica) heartbeat(ctx context.Context) {
 		case <-time.After(max(wait, time.Millisecond)):
 		}
 	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 // requestProgress asks etcd to report the watch's progress: a progress notification

@@ -551,7 +551,7 @@ func (r *rpRig) backendHealth(rep, service, id string) string {
 		Services []struct {
 			Name     string `json:"name"`
 			Backends []struct {
-				ID     string `json:"id"`
+				ID     string                         `json:"id"`
 				Health struct{ State, Reason string } `json:"health"`
 			} `json:"backends"`
 		} `json:"services"`

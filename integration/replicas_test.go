@@ -8,7 +8,6 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -293,21 +292,7 @@ func (r *rpRig) reach(tier string) (map[string]int, error) {
 // servesOnly: every tier's new sessions go to vip's backends (the XDP nodes) or rpc's (Caddy
 // and the grpc-go client) only.
 func (r *rpRig) servesOnly(vip, rpc []string) func() (bool, string) {
-	want := map[string][]string{"lb": vip, "lb2": vip, "caddy": rpc, "grpc": rpc}
-	return func() (bool, string) {
-		for _, tier := range faTierOrder {
-			got, err := r.reach(tier)
-			if err != nil {
-				return false, fmt.Sprintf("%s: %v after %v", tier, err, got)
-			}
-			for b := range got {
-				if !slices.Contains(want[tier], b) {
-					return false, fmt.Sprintf("%s: %v, want only %v", tier, got, want[tier])
-				}
-			}
-		}
-		return true, ""
-	}
+	return tiersServeOnly(r.reach, vip, rpc)
 }
 
 // sameRevision: every live replica serves one store revision.

@@ -20,6 +20,7 @@ import (
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/stickylb/stickylb/internal/hostcheck"
 	"github.com/stickylb/stickylb/xds"
 	"github.com/stickylb/stickylb/xds/api"
 	"github.com/stickylb/stickylb/xds/replica"
@@ -37,6 +38,7 @@ type replicaFlags struct {
 	apiClientCA  string
 	apiNames     string
 	apiTokens    string
+	apiHosts     hostList
 }
 
 func (f *replicaFlags) register(fs *flag.FlagSet) {
@@ -50,6 +52,7 @@ func (f *replicaFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM) of the API's client certificates: a CA of its own, not the nodes' xDS CA (with --api-client-names)")
 	fs.StringVar(&f.apiNames, "api-client-names", "", "comma-separated names (common name, DNS or URI SAN) of the client certificates that may change the fleet; \"*\": every one --api-client-ca signs")
 	fs.StringVar(&f.apiTokens, "api-tokens", "", "file of `NAME TOKEN` lines: bearer tokens that authenticate to the API")
+	fs.Var(&f.apiHosts, "api-host", "more Host names the API answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 }
 
 // serveReplica runs one replica until ctx ends; ready, when set, receives the bound
@@ -64,6 +67,7 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 		return fail(errors.New("--lease-ttl is whole seconds, at least 1"))
 	}
 	var apiHandler *api.Server
+	var apiServed http.Handler
 	opts, err := grpcOptions(o)
 	if err != nil {
 		return fail(err)
@@ -95,14 +99,19 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 			return fail(err)
 		}
 		apiHandler = api.New(cli, scfg.Keys(), auth, log)
+		if apiServed, err = apiGuard(rf, apiHandler.Handler(), log); err != nil {
+			apiLn.Close()
+			ln.Close()
+			return fail(err)
+		}
 	}
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes)}
+	xopts := o.limits()
 	if o.clientCA != "" {
 		xopts = append(xopts, xds.WithNodeIdentity())
 	}
 	r := replica.New(ctx, replica.Config{ID: rf.id, Keys: scfg.Keys(), LeaseTTL: time.Duration(rf.leaseTTL) * time.Second,
 		StoreTimeout: rf.storeTimeout}, cli, log, xopts...)
-	g := grpc.NewServer(append(opts, grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
+	g := grpc.NewServer(append(append(opts, r.Server().GRPCServerOptions()...), grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
 	r.Server().Register(g)
 	registerHealth(g, r.Gate())
 	go func() { _ = g.Serve(ln) }()
@@ -113,17 +122,16 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 		if apiHandler != nil {
 			collectors = append(collectors, apiHandler.Collector())
 		}
-		aln, err := net.Listen("tcp", o.admin)
-		if err != nil {
-			return fail(fmt.Errorf("listening for admin: %w", err))
+		var stopAdmin func()
+		if adminAddr, stopAdmin, err = serveAdmin(o.admin, o.adminHosts, r.Server().AdminHandler(collectors...), log); err != nil {
+			return fail(fmt.Errorf("admin: %w", err))
 		}
-		adminAddr = aln.Addr().String()
-		defer serveHTTP(aln, r.Server().AdminHandler(collectors...), serverLimits())()
+		defer stopAdmin()
 	}
 	apiAddr := ""
 	if apiLn != nil {
 		apiAddr = apiLn.Addr().String()
-		defer serveHTTP(apiLn, apiHandler.Handler(), serverLimits())()
+		defer serveHTTP(apiLn, apiServed, serverLimits())()
 	}
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -152,29 +160,25 @@ func registerHealth(g *grpc.Server, gate *replica.Gate) {
 	})
 }
 
-// httpLimits bound what one client of an HTTP server (the admin endpoint, the change API)
-// costs: a client that sends slowly, holds connections idle or sends huge headers.
-type httpLimits struct {
-	readHeader, read, write, idle time.Duration
-	maxHeaderBytes                int
-}
-
-// serverLimits are the limits every HTTP server of the command runs with.
-func serverLimits() httpLimits {
-	return httpLimits{readHeader: 5 * time.Second, read: 30 * time.Second, // 1 MiB of pools file at 35 KB/s
-		write: 30 * time.Second, idle: 60 * time.Second, maxHeaderBytes: 64 << 10}
-}
-
 // apiMaxConns caps the change API's connections (an operator's console, a few scripts):
 // more wait in the listen queue until one closes.
 const apiMaxConns = 64
 
-// serveHTTP serves h on ln within l until the returned function closes it.
-func serveHTTP(ln net.Listener, h http.Handler, l httpLimits) (closeIt func()) {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: l.readHeader, ReadTimeout: l.read,
-		WriteTimeout: l.write, IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeaderBytes}
-	go func() { _ = hs.Serve(ln) }()
-	return func() { hs.Close() }
+// apiHostHint says, in a refusal, which Host names the API answers.
+const apiHostHint = "it answers its listen address, localhost when that is loopback, any IP address when it listens on all of them, and the names given with --api-host"
+
+// apiGuard serves the API only to requests whose Host is one of its names (see
+// internal/hostcheck): a browser holding an operator's client certificate, led to the
+// API's address by a DNS rebinding, would present that certificate for another name's page.
+func apiGuard(rf replicaFlags, h http.Handler, log *zap.Logger) (http.Handler, error) {
+	names, err := hostcheck.ForListen(rf.api, rf.apiHosts...)
+	if err != nil {
+		return nil, fmt.Errorf("--api-host: %w", err)
+	}
+	return names.Guard(h, apiHostHint, func(r *http.Request) {
+		log.Warn("refused an API request for a name the API does not have (DNS rebinding, or a name to add with --api-host)",
+			zap.String("host", logCut(r.Host)), zap.String("remote", r.RemoteAddr), zap.String("path", logCut(r.URL.Path)))
+	}), nil
 }
 
 // apiAuth reads the API's credentials: tokens and/or client certificates by name, at

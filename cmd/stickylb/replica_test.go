@@ -199,9 +199,21 @@ func TestChangeAPI(t *testing.T) {
 	if rg.stored() != file {
 		t.Fatal("an unauthenticated request changed the file")
 	}
+	// A request for another name (a DNS rebinding's page) is refused before authentication.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+rg.api+"/v1/services/web/backends/10.0.1.2:8080/drain", nil)
+	req.Host = "evil.example"
+	req.Header.Set("Authorization", "Bearer "+rg.token)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("a request for Host evil.example: %v %v, want 421", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if rg.stored() != file {
+		t.Fatal("a request for another Host changed the file")
+	}
 
 	// Two PUTs with the same If-Match: one 200, one 409.
-	req, _ := http.NewRequest(http.MethodGet, "http://"+rg.api+"/v1/pools", nil)
+	req, _ = http.NewRequest(http.MethodGet, "http://"+rg.api+"/v1/pools", nil)
 	req.Header.Set("Authorization", "Bearer "+rg.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

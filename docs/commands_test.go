@@ -11,21 +11,21 @@ import (
 // readersFiles are the file names the guides use for the reader's own files, not the
 // repository's: each must be one a reader makes, which the sentence around it says.
 var readersFiles = map[string]string{
-	"pools.yaml":         "the reader's pools file",
-	"Caddyfile":          "the reader's Caddyfile",
-	"server.pem":         "the control plane's certificate",
-	"server.key":         "the control plane's key",
-	"ca.pem":             "the reader's CA",
-	"n.pem":              "a node's certificate",
-	"n.key":              "a node's key",
-	"c.pem":              "the replicas' etcd client certificate",
-	"c.key":              "the replicas' etcd client key",
-	"api.pem":            "the change API's certificate",
-	"api.key":            "the change API's key",
-	"op.pem":             "an operator's client certificate for the change API",
-	"op.key":             "an operator's client key",
-	"api-clients-ca.pem": "the CA of the change API's client certificates",
-	"state.json":         "a readable copy of the stored state the reader makes",
+	"pools.yaml": "the reader's pools file",
+	"Caddyfile":  "the reader's Caddyfile",
+	"server.pem": "the control plane's certificate",
+	"server.key": "the control plane's key",
+	"ca.pem":     "the reader's CA",
+	"n.pem":      "a node's certificate",
+	"n.key":      "a node's key",
+	"c.pem":      "the replicas' etcd client certificate",
+	"c.key":      "the replicas' etcd client key",
+	"api.pem":    "the change API's certificate",
+	"api.key":    "the change API's key",
+	"op.pem":     "an operator's client certificate for the change API",
+	"op.key":     "an operator's client key",
+	"ops-ca.pem": "the CA of the operators' client certificates for the change API",
+	"state.json": "a readable copy of the stored state the reader makes",
 }
 
 // shellBlocks returns the sh code blocks of a markdown file, each with the line it starts on.

@@ -102,6 +102,7 @@ func TestLeaderCrashFailsOverWithoutRewrite(t *testing.T) {
 	rs := map[string]*running{"r1": rg.replica("r1", log)}
 	rg.waitFor(testTTL+pushSlack, "r1 leads", func() (bool, string) { return rs["r1"].r.leading.Load(), "" })
 	rs["r2"] = rg.replica("r2", log)
+	rg.serving(rs["r1"])
 	n := rg.node("n", rs["r1"].addr, rs["r2"].addr)
 	rg.waitFor(time.Second+pushSlack, "the node holds both verdicts", func() (bool, string) {
 		return n.verdict("spread", down) == health.Unhealthy && n.verdict("spread", up.Addr().String()) == health.Healthy, ""
@@ -296,9 +297,11 @@ func TestResumingNodeGetsNoOlderVersion(t *testing.T) {
 	rg.apply(vipPools(dead))
 	log := testLogger(t)
 	r1, r2 := rg.replica("r1", log), rg.replica("r2", log)
+	rg.serving(r1)
 	n := rg.node("n", r1.addr, r2.addr)
-	rg.waitFor(time.Second+pushSlack, "the node holds the verdict", func() (bool, string) {
-		return n.verdict("spread", dead) == health.Unhealthy, ""
+	rg.waitFor(time.Second+pushSlack, "the node holds the verdict, from r1", func() (bool, string) {
+		addr, _ := n.server()
+		return n.verdict("spread", dead) == health.Unhealthy && addr == r1.addr, addr
 	})
 	rg.waitFor(pushSlack, "r2 at the node's version", func() (bool, string) {
 		return fmt.Sprint(r2.r.served.Load().Revision) == n.version(), ""

@@ -160,6 +160,18 @@ func (rg *rig) replica(id string, log *zap.Logger) *running {
 	return rn
 }
 
+// serving waits until each replica admits streams (it has read the store and, starting
+// cold, its first verdicts): a node started then goes to the first of its list.
+func (rg *rig) serving(rs ...*running) {
+	rg.t.Helper()
+	for _, r := range rs {
+		rg.waitFor(testTTL+time.Second+pushSlack, r.r.cfg.ID+" serving", func() (bool, string) {
+			open, why := r.r.Gate().State()
+			return open, why
+		})
+	}
+}
+
 // stop ends the replica as SIGTERM does (it resigns).
 func (rn *running) stop() {
 	rn.lag.release()

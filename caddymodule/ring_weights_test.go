@@ -59,6 +59,7 @@ func TestRingAgreementCaddyGRPCWeighted(t *testing.T) {
 			server  %s
 			service api
 			node_id agree-w/caddy
+			allow_loopback
 		}
 		lb_policy sticky_header X-Session {
 			hash ring

@@ -103,7 +103,7 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 		return 1
 	}
 	edits := status.NewConfigLog(fl.pools, time.Now())
-	stopMetrics, err := serveXDPMetrics(fl.metrics, l, edits, rt, log)
+	stopMetrics, err := serveXDPMetrics(fl.metrics, l, edits, rt, nil, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
 		return 1
@@ -119,15 +119,16 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 
 // serveXDPMetrics serves, at m, the forwarder's counters and more (Prometheus, at
 // /metrics) and l's status page (at /; with the pools file's refused edits when edits is
-// not nil, and what the node announces with BGP), to requests for m's Host names only,
-// until the function it returns is called. An empty address serves nothing.
-func serveXDPMetrics(m httpAddr, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, log *zap.Logger, more ...prometheus.Collector) (stop func(), err error) {
+// not nil, what the node announces with BGP, and how it stands with its control plane when
+// feed is not nil), to requests for m's Host names only, until the function it returns is
+// called. An empty address serves nothing.
+func serveXDPMetrics(m httpAddr, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, feed func() *status.Feed, log *zap.Logger, more ...prometheus.Collector) (stop func(), err error) {
 	if m.addr == "" {
 		return func() {}, nil
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(append(append([]prometheus.Collector{xdpCollector{l.Tables()}}, rt.collectors()...), more...)...)
-	_, stop, err = serveAdmin(m.addr, m.hosts, xdpMetricsHandler(l, reg, edits, rt.status, log), log)
+	_, stop, err = serveAdmin(m.addr, m.hosts, xdpMetricsHandler(l, reg, edits, rt.status, feed, log), log)
 	return stop, err
 }
 

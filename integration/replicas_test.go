@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -106,6 +107,11 @@ func newRPRig(t *testing.T) *rpRig {
 	tp.writeFile(filepath.Join(r.dir, "tokens"), "operator "+rpToken+"\n")
 	tp.writeFile(filepath.Join(r.dir, "token"), rpToken+"\n")
 	tp.writeFile(filepath.Join(r.dir, "badtoken"), "not-the-token-of-anyone\n")
+	for _, f := range []string{"tokens", "token", "badtoken"} {
+		if err := os.Chmod(filepath.Join(r.dir, f), 0o600); err != nil { // files of secrets: refused if others may read them
+			t.Fatal(err)
+		}
+	}
 	tp.root.Cleanup(func() {
 		for _, c := range []*grpc.ClientConn{r.cc, r.caddyCC} {
 			if c != nil {
@@ -233,24 +239,76 @@ func (r *rpRig) connected(node string) bool {
 	return seriesValue(r.adsMetrics(node), "stickylb_xds_connected") == "1"
 }
 
-// appliedUpdate is one update an XDP node applied (its log's "applied an xDS update").
-type appliedUpdate struct{ typeURL, version string }
-
-// applied are the updates XDP node lb applied, in order, from its log: what rebuilt its
-// tables. A version applied twice, or one older than a version applied before, is a
-// rebuild the change did not need.
-func (r *rpRig) applied(lb string) []appliedUpdate {
-	var out []appliedUpdate
-	for _, l := range strings.Split(r.nodes[lb].String(), "\n") {
-		if !strings.Contains(l, `"applied an xDS update"`) {
+// updates are an ADS node's stickylb_xds_updates_total: type URL -> result (applied,
+// unchanged, rejected) -> count. An applied update is one that rebuilt the node's tables; an
+// unchanged one (the resources it holds, under any version) was ACKed and built nothing.
+func (r *rpRig) updates(node string) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	label := func(l, name string) string {
+		_, v, ok := strings.Cut(l, name+`="`)
+		v, _, _ = strings.Cut(v, `"`)
+		if !ok {
+			return ""
+		}
+		return v
+	}
+	for _, l := range strings.Split(r.adsMetrics(node), "\n") {
+		if !strings.HasPrefix(l, "stickylb_xds_updates_total{") {
 			continue
 		}
-		var e struct{ Type, Version string }
-		if json.Unmarshal([]byte(l), &e) == nil {
-			out = append(out, appliedUpdate{e.Type, e.Version})
+		n, err := strconv.Atoi(l[strings.LastIndex(l, " ")+1:])
+		if err != nil {
+			continue
 		}
+		typ := label(l, "type")
+		if out[typ] == nil {
+			out[typ] = map[string]int{}
+		}
+		out[typ][label(l, "result")] += n
 	}
 	return out
+}
+
+// stateWrites records the times of the writes under the store's state/ (the verdicts and
+// the revision mark: what changes a version) from now until stop is called.
+func (r *rpRig) stateWrites(t *testing.T) (since func(time.Time) int, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var at []time.Time
+	state := store.KeysOf(store.DefaultPrefix).State()
+	now, err := r.cli.Get(ctx, state, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		cancel()
+		t.Fatalf("reading the store's revision: %v", err)
+	}
+	wc := r.cli.Watch(clientv3.WithRequireLeader(ctx), state, clientv3.WithPrefix(), clientv3.WithRev(now.Header.Revision+1))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for resp := range wc {
+			if err := resp.Err(); err != nil {
+				t.Errorf("watching the state: %v", err)
+				return
+			}
+			mu.Lock()
+			for range resp.Events {
+				at = append(at, time.Now())
+			}
+			mu.Unlock()
+		}
+	}()
+	since = func(from time.Time) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, a := range at {
+			if !a.Before(from) {
+				n++
+			}
+		}
+		return n
+	}
+	return since, func() { cancel(); <-done }
 }
 
 // startNode runs XDP node lb subscribed to the replicas, in the order given.
@@ -426,20 +484,26 @@ const rpMoveBound = rpTTL + faPushSlack
 // the two that take it down: a new leader takes over within the lease TTL plus one
 // interval (plus slack), b2 is out of every tier within the TTL, two intervals, a timeout
 // and the push slack, no stored verdict reverts meanwhile (b3, g3 stay healthy; b2, g2 once
-// down stay down), and the XDP nodes apply no version twice nor an older one after a newer:
-// the node of the killed replica moves to another and rebuilds nothing for the move.
+// down stay down), and no node rebuilds for the move: the node of the killed replica moves
+// to another, which answers it with the version it holds (ACKed unchanged; an apply only
+// for a write of the state meanwhile), and no XDP node applies more updates of a type than
+// there were writes of the state in the phase. The counts are the nodes' own
+// stickylb_xds_updates_total{result="applied"} (their log of applies is sampled).
 func (r *rpRig) leaderKilled(t *testing.T) {
 	leader := r.leader(r.alive()...)
 	if leader == "" {
 		t.Fatal("no leader")
 	}
 	on := map[string]string{}
-	logAt := map[string]int{}
 	for _, n := range faADSNodes {
 		on[n] = r.server(n)
 	}
+	writes, stopWatch := r.stateWrites(t)
+	defer stopWatch()
+	phaseStart := time.Now()
+	before := map[string]map[string]map[string]int{}
 	for lb := range r.nodes {
-		logAt[lb] = len(r.applied(lb))
+		before[lb] = r.updates(lb)
 	}
 	var mu sync.Mutex
 	var reverts []string
@@ -492,10 +556,12 @@ func (r *rpRig) leaderKilled(t *testing.T) {
 		if on[n] != leader {
 			continue
 		}
+		atKill := r.updates(n)
 		moved := testwait.For(t, rpMoveBound, n+" on another replica", func() (bool, string) {
 			return r.connected(n) && r.server(n) != leader, r.server(n)
 		})
 		t.Logf("%s moved from %s to %s %s after the kill (goal 2 s)", n, leader, r.server(n), moved.Round(time.Millisecond))
+		r.movedRebuildsNothing(t, n, atKill, killed.Add(-faPushSlack), writes)
 	}
 	lead := testwait.For(t, rpTTL+rpInterval+faPushSlack, "a new leader", func() (bool, string) {
 		return r.leader(r.alive()...) != "", "none"
@@ -510,24 +576,53 @@ func (r *rpRig) leaderKilled(t *testing.T) {
 		t.Fatalf("stored verdicts reverted: %v", reverts)
 	}
 	testwait.For(t, faPushSlack, "every live replica serves one revision", r.sameRevision)
-	// An XDP node applies each version it is sent once, newest last: moving to a replica
-	// that sends it the version it has (identical) applies nothing.
+	// Each write under the state changes a node's resources once at most: a node that
+	// applied more updates of a type than there were writes rebuilt for something else (a
+	// move to a replica that sent it an older state, then the newer one again).
+	n := writes(phaseStart)
 	for lb := range r.nodes {
-		all := r.applied(lb)
-		t.Logf("%s: on %s, now on %s; applied %v", lb, on[lb], r.server(lb), all[logAt[lb]:])
-		last := map[string]int{}
-		for i, u := range all {
-			v, _ := strconv.Atoi(u.version)
-			if v <= last[u.typeURL] {
-				t.Errorf("%s applied %s version %s after version %d (update %d): moving replicas must rebuild nothing", lb, u.typeURL, u.version, last[u.typeURL], i)
+		after := r.updates(lb)
+		for typ, res := range after {
+			applied := res["applied"] - before[lb][typ]["applied"]
+			t.Logf("%s (on %s, now on %s): %d updates of %s applied over %d writes of the state", lb, on[lb], r.server(lb), applied, typeName(typ), n)
+			if applied > n {
+				t.Errorf("%s applied %d updates of %s over %d writes of the state: moving replicas must rebuild nothing", lb, applied, typ, n)
 			}
-			last[u.typeURL] = v
-		}
-		if len(all) == logAt[lb] {
-			t.Errorf("%s applied nothing in the phase: b2's verdict never reached its tables", lb)
 		}
 	}
 }
+
+// movedRebuildsNothing: ADS node n, which held the updates atKill when its replica was
+// killed, has been sent every type it subscribes to by the replica it moved to, and applied
+// none of them but for writes of the state since from (each may change its resources once):
+// the new replica sent the version the node holds, identical, which it ACKs unchanged.
+func (r *rpRig) movedRebuildsNothing(t *testing.T, n string, atKill map[string]map[string]int, from time.Time, writes func(time.Time) int) {
+	total := func(res map[string]int) int { return res["applied"] + res["unchanged"] + res["rejected"] }
+	var now map[string]map[string]int
+	// The new replica answers each type's first request once it serves the node's version
+	// (it holds it at most the store timeout).
+	testwait.For(t, rpStoreTimeout+faPushSlack, n+" answered for every type by its new replica", func() (bool, string) {
+		now = r.updates(n)
+		var waiting []string
+		for typ, res := range atKill {
+			if total(now[typ]) <= total(res) {
+				waiting = append(waiting, typeName(typ))
+			}
+		}
+		return len(waiting) == 0, "no answer yet for " + strings.Join(waiting, ", ")
+	})
+	w := writes(from)
+	for typ, res := range atKill {
+		applied, unchanged := now[typ]["applied"]-res["applied"], now[typ]["unchanged"]-res["unchanged"]
+		t.Logf("%s's move: %s applied %d, unchanged %d (%d writes of the state meanwhile)", n, typeName(typ), applied, unchanged, w)
+		if applied > w || now[typ]["rejected"] != res["rejected"] {
+			t.Errorf("%s's move rebuilt its tables: %s applied %d, rejected %d, over %d writes of the state", n, typ, applied, now[typ]["rejected"]-res["rejected"], w)
+		}
+	}
+}
+
+// typeName is the last part of a type URL (ClusterLoadAssignment for EDS's).
+func typeName(url string) string { return url[strings.LastIndex(url, ".")+1:] }
 
 // backendHealth is a backend's health on replica rep's status page: its state, and the
 // reason the page gives ("" when rep or the backend is not there).

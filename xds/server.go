@@ -139,6 +139,16 @@ func WithResumeWait(wait func(version string)) Option {
 	return func(s *Server) { s.resumeWait = wait }
 }
 
+// Readiness says whether the control plane can serve nodes now, and why not: the
+// admin address's /healthz answers 503 while it cannot (a readiness probe's signal).
+type Readiness func() (ready bool, why string)
+
+// WithReadiness has /healthz answer 503 with why while ready says the server cannot serve
+// (a replica that has lost its store); /livez answers while the process runs either way.
+func WithReadiness(ready Readiness) Option {
+	return func(s *Server) { s.readiness = ready }
+}
+
 // Server serves one pools file to every node, per node locality.
 //
 // Locks: buildMu orders everything that builds snapshots (reloads, refreshes, the first
@@ -176,6 +186,8 @@ type Server struct {
 	// resumeWait, when set, runs before a stream's first request with a version is
 	// answered (WithResumeWait).
 	resumeWait func(version string)
+	// readiness, when set, decides /healthz (WithReadiness).
+	readiness Readiness
 
 	buildMu sync.Mutex
 	// refreshQueued is set while a Refresh waits for buildMu.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stickylb/stickylb/internal/certpool"
+	"github.com/stickylb/stickylb/internal/secretfile"
 	"github.com/stickylb/stickylb/xds/store"
 )
 
@@ -85,7 +86,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) int {
 		tcfg.Certificates = []tls.Certificate{kp}
 	}
 	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
+		b, err := secretfile.Read(*tokenFile)
 		if err != nil {
 			fmt.Fprintf(stderr, "stickylb ctl: %v\n", err)
 			return 1

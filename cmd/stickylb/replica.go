@@ -89,7 +89,7 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 	}
 	var apiLn net.Listener
 	if rf.api != "" {
-		auth, err := apiAuth(rf, log)
+		auth, err := apiAuth(rf)
 		if err != nil {
 			ln.Close()
 			return fail(err)
@@ -183,7 +183,7 @@ func apiGuard(rf replicaFlags, h http.Handler, log *zap.Logger) (http.Handler, e
 
 // apiAuth reads the API's credentials: tokens and/or client certificates by name, at
 // least one.
-func apiAuth(rf replicaFlags, log *zap.Logger) (*api.Auth, error) {
+func apiAuth(rf replicaFlags) (*api.Auth, error) {
 	if rf.apiTokens == "" && rf.apiClientCA == "" {
 		return nil, errors.New("--api needs --api-tokens FILE or --api-client-ca FILE: the API authenticates every request")
 	}
@@ -199,7 +199,7 @@ func apiAuth(rf replicaFlags, log *zap.Logger) (*api.Auth, error) {
 	var tokens map[string]string
 	if rf.apiTokens != "" {
 		var err error
-		if tokens, err = api.LoadTokens(rf.apiTokens, func(w string) { log.Warn("--api-tokens: " + w) }); err != nil {
+		if tokens, err = api.LoadTokens(rf.apiTokens); err != nil {
 			return nil, fmt.Errorf("reading --api-tokens: %w", err)
 		}
 	}

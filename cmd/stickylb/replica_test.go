@@ -294,17 +294,28 @@ func TestReplicaFlagsRefused(t *testing.T) {
 	if code := run([]string{"xds", "--etcd", "http://127.0.0.1:1", "--pools", "p.yaml"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "stickylb pools apply") {
 		t.Fatalf("--etcd with --pools: %d %s", code, errb.String())
 	}
-	tokens := filepath.Join(t.TempDir(), "tokens")
+	dir := t.TempDir()
+	tokens, open := filepath.Join(dir, "tokens"), filepath.Join(dir, "open-tokens")
 	os.WriteFile(tokens, []byte("alice s3cret-token-of-alice\n"), 0o600)
+	os.WriteFile(open, []byte("alice s3cret-token-of-alice\n"), 0o644)
+	os.Chmod(open, 0o644) // whatever the umask
 	for _, rf := range []replicaFlags{{api: "0.0.0.0:9000", apiTokens: tokens}, {api: "127.0.0.1:9000"},
-		{api: "127.0.0.1:9000", apiTokens: tokens, apiClientCA: "ca.pem"}, {api: "127.0.0.1:9000", apiTokens: tokens, apiNames: "ops"}} {
-		_, err := apiAuth(rf, zap.NewNop())
+		{api: "127.0.0.1:9000", apiTokens: tokens, apiClientCA: "ca.pem"}, {api: "127.0.0.1:9000", apiTokens: tokens, apiNames: "ops"},
+		{api: "127.0.0.1:9000", apiTokens: open}} {
+		_, err := apiAuth(rf)
 		if err == nil {
 			_, err = apiListener(rf)
 		}
 		if err == nil {
 			t.Errorf("%+v: accepted", rf)
 		}
+	}
+	// ctl's token file: refused when others may read it, before any request.
+	os.WriteFile(filepath.Join(dir, "token"), []byte("s3cret-token-of-alice\n"), 0o644)
+	os.Chmod(filepath.Join(dir, "token"), 0o644)
+	errb.Reset()
+	if code := run([]string{"ctl", "--api", "http://127.0.0.1:1", "--token-file", filepath.Join(dir, "token"), "pools-get"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "chmod 600") {
+		t.Fatalf("ctl with a token file others may read: %d %s", code, errb.String())
 	}
 	errb.Reset()
 	if code := run([]string{"ctl", "--help"}, &out, &errb); code != 0 || strings.Count(errb.String(), "zone-drain") != 1 || !strings.Contains(errb.String(), "-timeout") {

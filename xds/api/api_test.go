@@ -129,20 +129,17 @@ func TestAuthSchemesAndCertificateNames(t *testing.T) {
 	}
 }
 
-// A tokens file others can read loads with a warning.
-func TestTokensFileModeWarns(t *testing.T) {
+// A tokens file others than its owner can read is refused.
+func TestTokensFileOthersMayReadRefused(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "tokens")
 	for _, mode := range []os.FileMode{0o600, 0o644} {
 		if err := os.WriteFile(p, []byte("alice "+testToken+"\n"), mode); err != nil {
 			t.Fatal(err)
 		}
 		os.Chmod(p, mode)
-		var warned []string
-		if _, err := LoadTokens(p, func(w string) { warned = append(warned, w) }); err != nil {
-			t.Fatal(err)
-		}
-		if (mode == 0o644) != (len(warned) == 1) {
-			t.Errorf("mode %v: warnings %q", mode, warned)
+		tokens, err := LoadTokens(p)
+		if (mode == 0o644) != (err != nil) || (err == nil && tokens[testToken] != "alice") {
+			t.Errorf("mode %v: %v %v", mode, tokens, err)
 		}
 	}
 }

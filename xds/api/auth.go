@@ -2,13 +2,15 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/subtle"
 	"crypto/x509"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
+
+	"github.com/stickylb/stickylb/internal/secretfile"
 )
 
 // Auth decides who a request comes from: a client certificate verified by the server's
@@ -34,19 +36,15 @@ func NewAuth(tokens map[string]string, certNames []string) *Auth {
 }
 
 // LoadTokens reads a tokens file: one `NAME TOKEN` per line; blank lines and lines
-// starting with # are skipped. A token shorter than 16 characters is refused. warn, when
-// set, is told when the file may be read by others than its owner.
-func LoadTokens(path string, warn func(string)) (map[string]string, error) {
-	f, err := os.Open(path)
+// starting with # are skipped. A token shorter than 16 characters is refused, and so is a
+// file others than its owner may read (internal/secretfile's rule).
+func LoadTokens(path string) (map[string]string, error) {
+	b, err := secretfile.Read(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Mode().Perm()&0o077 != 0 && warn != nil {
-		warn(fmt.Sprintf("%s is readable by others than its owner (mode %v): anyone who reads a token can change the fleet; chmod 600 it", path, fi.Mode().Perm()))
-	}
 	out := map[string]string{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {

@@ -122,7 +122,8 @@ func New(ctx context.Context, cfg Config, cli *clientv3.Client, log *zap.Logger,
 	r.servedC.Store(&c)
 	r.targets.Store(&map[store.VerdictKey]string{})
 	r.lastOK.Store(time.Now().UnixNano())
-	opts = append(opts, xds.WithReplicaStatus(r.Status), xds.WithProbes(r.probes), xds.WithResumeWait(r.caughtUp))
+	opts = append(opts, xds.WithReplicaStatus(r.Status), xds.WithProbes(r.probes), xds.WithResumeWait(r.caughtUp),
+		xds.WithReadiness(r.ready))
 	r.srv = xds.NewServer(ctx, &pools.File{Filename: "store"}, r.view, log, opts...)
 	return r
 }

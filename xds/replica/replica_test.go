@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -222,6 +224,15 @@ func TestStoreLostAndBack(t *testing.T) {
 			}
 		}
 	})
+	admin := r.r.Server().AdminHandler()
+	healthz := func(path string) (int, string) {
+		w := httptest.NewRecorder()
+		admin.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		return w.Code, w.Body.String()
+	}
+	if code, body := healthz("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while serving: %d %s", code, body)
+	}
 	version, applied := n.version(), n.applied.Load()
 	for _, m := range rg.etcd.Members() {
 		m.Kill()
@@ -236,12 +247,22 @@ func TestStoreLostAndBack(t *testing.T) {
 	if s := r.r.Status(); s.Store != "lost" || s.Note == "" {
 		t.Fatalf("status while lost: %+v", s)
 	}
+	// A readiness probe takes the replica out of its Service; a liveness probe leaves it.
+	if code, body := healthz("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "lost the store") {
+		t.Fatalf("/healthz while the store is lost: %d %s", code, body)
+	}
+	if code, body := healthz("/livez"); code != http.StatusOK {
+		t.Fatalf("/livez while the store is lost: %d %s", code, body)
+	}
 	rg.etcd.RestartAll(t)
 	back := time.Now()
 	rg.waitFor(testTTL+5*time.Second, "the node is served again", func() (bool, string) {
 		return n.c.Connected() && n.version() == version, n.version()
 	})
 	t.Logf("served again %s after etcd answered", time.Since(back).Round(time.Millisecond))
+	if code, body := healthz("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz once served again: %d %s", code, body)
+	}
 	if got := n.applied.Load(); got != applied {
 		t.Fatalf("the node applied %d views after the outage with nothing changed", got-applied)
 	}

@@ -55,6 +55,20 @@ func (r *Replica) probes(service, id string) (health.TargetStatus, bool) {
 	return health.TargetStatus{ID: id, State: v.State, Since: v.Since, Reason: v.Reason, LastProbe: v.Since, LastResult: v.Reason}, true
 }
 
+// ready is the admin address's /healthz (a readiness probe): the replica has the store,
+// having read the state since it last lost it. An empty store, or a stored file that does
+// not parse here, leaves it ready: every replica is alike then, and taking them all out of
+// a Service would only hold a first install's rollout until the file is applied.
+func (r *Replica) ready() (bool, string) {
+	if r.connected.Load() {
+		return true, ""
+	}
+	if open, why := r.gate.State(); !open {
+		return false, why
+	}
+	return false, "lost the store"
+}
+
 func (r *Replica) empty() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -55,6 +55,10 @@ func (f *replicaFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.apiHosts, "api-host", "more Host names the API answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 }
 
+// minStoreTimeout is the shortest --store-timeout: etcd's own leader election (its
+// election timeout, 1 s by default) must not look like a lost store.
+const minStoreTimeout = time.Second
+
 // serveReplica runs one replica until ctx ends; ready, when set, receives the bound
 // addresses (xDS, admin, API).
 func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writer, ready func(grpcAddr, adminAddr, apiAddr string)) int {
@@ -65,6 +69,10 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 	rf := o.replica
 	if rf.leaseTTL < 1 {
 		return fail(errors.New("--lease-ttl is whole seconds, at least 1"))
+	}
+	if rf.storeTimeout < minStoreTimeout {
+		return fail(fmt.Errorf("--store-timeout %s: at least %s (etcd takes about a second to elect a leader of its own; a shorter timeout would end every stream at each election)",
+			rf.storeTimeout, minStoreTimeout))
 	}
 	var apiHandler *api.Server
 	var apiServed http.Handler

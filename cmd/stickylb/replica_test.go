@@ -294,6 +294,10 @@ func TestReplicaFlagsRefused(t *testing.T) {
 	if code := run([]string{"xds", "--etcd", "http://127.0.0.1:1", "--pools", "p.yaml"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "stickylb pools apply") {
 		t.Fatalf("--etcd with --pools: %d %s", code, errb.String())
 	}
+	errb.Reset()
+	if code := run([]string{"xds", "--etcd", "http://127.0.0.1:1", "--store-timeout", "100ms"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--store-timeout 100ms: at least 1s") {
+		t.Fatalf("--store-timeout 100ms: %d %s", code, errb.String())
+	}
 	dir := t.TempDir()
 	tokens, open := filepath.Join(dir, "tokens"), filepath.Join(dir, "open-tokens")
 	os.WriteFile(tokens, []byte("alice s3cret-token-of-alice\n"), 0o600)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,7 +146,7 @@ func TestTokensFileOthersMayReadRefused(t *testing.T) {
 }
 
 // apiServer is the API over a one-member etcd holding file.
-func apiServer(t *testing.T, file string) (*httptest.Server, func(method, path, body string) (int, string)) {
+func apiServer(t *testing.T, file string) (*observer.ObservedLogs, func(method, path, body string) (int, string)) {
 	if testing.Short() {
 		t.Skip("runs etcd: skipped under -short")
 	}
@@ -157,7 +158,8 @@ func apiServer(t *testing.T, file string) (*httptest.Server, func(method, path, 
 	if _, err := store.PutDocument(ctx, cli, keys, []byte(file), 0, store.Change{By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(cli, keys, NewAuth(map[string]string{testToken: "alice"}, nil), zap.NewNop()).Handler())
+	core, logs := observer.New(zap.WarnLevel)
+	srv := httptest.NewServer(New(cli, keys, NewAuth(map[string]string{testToken: "alice"}, nil), zap.New(core)).Handler())
 	t.Cleanup(srv.Close)
 	do := func(method, path, body string) (int, string) {
 		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
@@ -170,7 +172,7 @@ func apiServer(t *testing.T, file string) (*httptest.Server, func(method, path, 
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	return srv, do
+	return logs, do
 }
 
 const apiFile = `services:
@@ -185,7 +187,7 @@ const apiFile = `services:
 // must not become a new, routable backend); POST to the service's backends adds, and a
 // second add of the same backend is a 409.
 func TestChangeNeverAddsAndAddNeverChanges(t *testing.T) {
-	_, do := apiServer(t, apiFile)
+	logs, do := apiServer(t, apiFile)
 	file := func() string { _, b := do("GET", "/v1/pools", ""); return b }
 	before := file()
 	if code, body := do("PUT", "/v1/services/web/backends/10.0.1.7:8080", `{"weight": 5}`); code != http.StatusNotFound {
@@ -208,6 +210,15 @@ func TestChangeNeverAddsAndAddNeverChanges(t *testing.T) {
 	}
 	if f := file(); !strings.Contains(f, `10.0.1.7:8080', weight: 9}`) {
 		t.Fatalf("after add and change:\n%s", f)
+	}
+	// Each refusal is logged with its status, who asked and why.
+	var refused []string
+	for _, e := range logs.FilterMessage("api: request refused").All() {
+		m := e.ContextMap()
+		refused = append(refused, fmt.Sprintf("%v %v %v", m["status"], m["who"], m["why"] != ""))
+	}
+	if want := []string{"404 token:alice true", "409 token:alice true", "400 token:alice true"}; !slices.Equal(refused, want) {
+		t.Errorf("refusals logged: %q, want %q", refused, want)
 	}
 }
 

@@ -313,11 +313,7 @@ func TestStalledWatchStopsServing(t *testing.T) {
 // replica serves: its stream waits until the replica has caught up with the version the
 // node holds, then gets that version, identical, and applies nothing.
 func TestResumingNodeGetsNoOlderVersion(t *testing.T) {
-	rg := newRig(t, 1)
-	dead := loopback.Refused(t)
-	rg.apply(vipPools(dead))
-	log := testLogger(t)
-	r1, r2 := rg.replica("r1", log), rg.replica("r2", log)
+	rg, dead, r1, r2 := twoReplicas(t)
 	rg.serving(r1)
 	n := rg.node("n", r1.addr, r2.addr)
 	rg.waitFor(time.Second+pushSlack, "the node holds the verdict, from r1", func() (bool, string) {
@@ -361,11 +357,7 @@ func versions(vs []appliedView) []string {
 // replica on one version: the one following by watch, the one that reads the state whole
 // later, and the store's (the leader marks the revision after the delete).
 func TestForeignWritesLeaveOneVersion(t *testing.T) {
-	rg := newRig(t, 1)
-	dead := loopback.Refused(t)
-	rg.apply(vipPools(dead))
-	log := testLogger(t)
-	r1, r2 := rg.replica("r1", log), rg.replica("r2", log)
+	rg, dead, r1, r2 := twoReplicas(t)
 	rg.waitFor(testTTL+pushSlack, "one leader", func() (bool, string) { l := leaders(r1, r2); return len(l) == 1, fmt.Sprint(l) })
 	rg.waitFor(time.Second+pushSlack, "the verdict stored and served by both", func() (bool, string) {
 		st := rg.state()
@@ -396,7 +388,7 @@ func TestForeignWritesLeaveOneVersion(t *testing.T) {
 		}
 	}
 	rg.waitFor(pushSlack, "both replicas and a whole read agree, past the delete", same(r1, r2))
-	r3 := rg.replica("r3", log)
+	r3 := rg.replica("r3", testLogger(t))
 	rg.waitFor(pushSlack, "a replica reading the state whole agrees too", same(r1, r2, r3))
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/internal/testkit/etcdtest"
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/xds/store"
@@ -303,6 +304,16 @@ func vipPools(backends ...string) string {
 }
 
 // leaders are the replicas that lead now.
+// twoReplicas: a one-member store holding vipPools of one dead backend, and replicas r1
+// and r2 on it (r1 started first).
+func twoReplicas(t *testing.T) (rg *rig, dead string, r1, r2 *running) {
+	rg = newRig(t, 1)
+	dead = loopback.Refused(t)
+	rg.apply(vipPools(dead))
+	log := testLogger(t)
+	return rg, dead, rg.replica("r1", log), rg.replica("r2", log)
+}
+
 func leaders(rs ...*running) []string {
 	var out []string
 	for _, r := range rs {

@@ -256,8 +256,11 @@ func TestStoreLostAndBack(t *testing.T) {
 	}
 	rg.etcd.RestartAll(t)
 	back := time.Now()
+	// The replica's gate open, not only the node's stream: a stream opens (the node counts
+	// as connected) before the gate refuses it.
 	rg.waitFor(testTTL+5*time.Second, "the node is served again", func() (bool, string) {
-		return n.c.Connected() && n.version() == version, n.version()
+		open, why := r.r.Gate().State()
+		return open && n.c.Connected() && n.version() == version, fmt.Sprintf("gate open %v (%s), node version %s", open, why, n.version())
 	})
 	t.Logf("served again %s after etcd answered", time.Since(back).Round(time.Millisecond))
 	if code, body := healthz("/healthz"); code != http.StatusOK {

@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds/store"
@@ -109,5 +111,42 @@ func TestVerdictNeedsTheSameTarget(t *testing.T) {
 	r.mu.Unlock()
 	if got := r.view("web", moved.Services[0].Backends[0]); got != health.Unknown {
 		t.Fatalf("served %v for a backend whose stored verdict is of its old address, want unknown", got)
+	}
+}
+
+// The first-verdicts hold of a cold start installs nothing once Run has returned: its
+// timer is stopped (it fired later and served the state of a replica that had stopped).
+func TestHoldTimerStopsWithRun(t *testing.T) {
+	// A client of an address nothing listens on: the loops Run starts end at once on a
+	// cancelled context, before any exchange.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{loopback.Refused(t)}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	r := New(t.Context(), Config{ID: "r", Keys: store.KeysOf("/u")}, cli, zap.NewNop())
+	file := vipPools(loopback.Refused(t)) // one checked backend, no stored verdict: a hold
+	r.install(stateAt(5, 5, file))
+	r.mu.Lock()
+	armed := r.holdTimer != nil
+	r.mu.Unlock()
+	if !armed || r.served.Load().Revision != 0 {
+		t.Fatalf("no hold: timer %v, serving %d", armed, r.served.Load().Revision)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	r.Run(ctx)
+	// Stop reports whether it stopped a pending timer: false when Run had stopped it. The
+	// hold lasts the check's first-verdict bound (over a second here); Run takes
+	// milliseconds.
+	r.mu.Lock()
+	pending := r.holdTimer.Stop()
+	r.mu.Unlock()
+	if pending {
+		t.Fatalf("the hold timer was still pending %s after Run was called, and Run had returned", time.Since(start))
+	}
+	if got := r.served.Load().Revision; got != 0 {
+		t.Fatalf("served revision %d after Run returned", got)
 	}
 }

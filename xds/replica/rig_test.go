@@ -303,7 +303,6 @@ func vipPools(backends ...string) string {
 	return b.String()
 }
 
-// leaders are the replicas that lead now.
 // twoReplicas: a one-member store holding vipPools of one dead backend, and replicas r1
 // and r2 on it (r1 started first).
 func twoReplicas(t *testing.T) (rg *rig, dead string, r1, r2 *running) {
@@ -314,6 +313,7 @@ func twoReplicas(t *testing.T) (rg *rig, dead string, r1, r2 *running) {
 	return rg, dead, rg.replica("r1", log), rg.replica("r2", log)
 }
 
+// leaders are the replicas that lead now.
 func leaders(rs ...*running) []string {
 	var out []string
 	for _, r := range rs {

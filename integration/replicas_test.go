@@ -669,6 +669,15 @@ func (r *rpRig) replicaCut(t *testing.T) {
 		return v == "0", v
 	})
 	t.Logf("%s stopped serving %s after the cut (--store-timeout %s)", cut, stopped.Round(time.Millisecond), rpStoreTimeout)
+	// Its readiness probe says so (a Kubernetes Service would leave it out), its liveness
+	// probe does not.
+	healthz := fmt.Sprintf("http://%s:%d/healthz", rpHosts[cut], rpAdminPort)
+	if b := httpBody(healthz); !strings.HasPrefix(b, "not ready: lost the store") {
+		t.Errorf("%s's /healthz while cut off: %q", cut, b)
+	}
+	if b := httpBody(fmt.Sprintf("http://%s:%d/livez", rpHosts[cut], rpAdminPort)); b != "ok\n" {
+		t.Errorf("%s's /livez while cut off: %q", cut, b)
+	}
 	first := map[string]time.Duration{}
 	bound := max(rpTTL+rpInterval+rpTimeout, rpStoreTimeout+time.Second) + faPushSlack
 	testwait.For(t, bound-time.Since(cutAt), "every tier sends new sessions to b1 or g1 again", func() (bool, string) {
@@ -713,6 +722,9 @@ func (r *rpRig) replicaCut(t *testing.T) {
 		return v == "1", v
 	})
 	t.Logf("%s serves again %s after the cut ended", cut, time.Since(uncut).Round(time.Millisecond))
+	if b := httpBody(healthz); b != "ok\n" {
+		t.Errorf("%s's /healthz once it serves again: %q", cut, b)
+	}
 	testwait.For(t, faPushSlack, "every live replica serves one revision", r.sameRevision)
 }
 

@@ -172,18 +172,20 @@ func printJSON(stdout, stderr io.Writer, v any) int {
 
 // load reads a pools file, printing its errors (every one, file:line first) and warnings.
 func load(path string, stderr io.Writer) (*pools.File, bool) {
-	data, err := pools.ReadFile(path)
-	if err != nil {
-		printErrors(err, stderr)
-		return nil, false
-	}
-	return parseFile(path, data, stderr)
+	f, err := pools.Load(path)
+	return reported(f, err, stderr)
 }
 
 // parseFile parses the pools file data read from path, printing its errors and warnings
 // as load does.
 func parseFile(path string, data []byte, stderr io.Writer) (*pools.File, bool) {
 	f, err := pools.Parse(path, data)
+	return reported(f, err, stderr)
+}
+
+// reported prints a parsed pools file's errors, or its warnings, and says whether it is
+// usable.
+func reported(f *pools.File, err error, stderr io.Writer) (*pools.File, bool) {
 	if err != nil {
 		printErrors(err, stderr)
 		return nil, false

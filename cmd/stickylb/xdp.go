@@ -147,10 +147,11 @@ var (
 	descActiveBackend  = prometheus.NewDesc("stickylb_xdp_backend_active_connections", "Active connections of a backend, counted from the client side.", []string{"service", "backend"}, nil)
 	descActiveZone     = prometheus.NewDesc("stickylb_xdp_zone_active_connections", "Active connections to a zone's backends.", []string{"service", "zone"}, nil)
 	descInsertsRefused = prometheus.NewDesc("stickylb_xdp_conn_inserts_refused_total", "New flows forwarded but not remembered: a CPU's connection-table insert cap for the second was spent (flood guard).", nil, nil)
+	descNATReclaimed   = prometheus.NewDesc("stickylb_xdp_nat_holds_reclaimed_total", "NAT source ports taken back from flows whose client had not completed the handshake, for new flows that found no free port (SYN flood guard).", nil, nil)
 )
 
 func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused, descActiveBackend, descActiveZone} {
+	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused, descNATReclaimed, descActiveBackend, descActiveZone} {
 		ch <- d
 	}
 }
@@ -188,6 +189,7 @@ func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descConnTable, st.Paths["conn_hit"].Packets, "hit")
 	counter(descConnTable, st.Paths["conn_miss"].Packets, "miss")
 	counter(descInsertsRefused, st.Paths["insert_refused"].Packets)
+	counter(descNATReclaimed, st.Paths["nat_reclaim"].Packets)
 }
 
 // xdpStats prints the pinned forwarder's counters as JSON: it needs no running loader.

@@ -54,10 +54,13 @@ type Speaker struct {
 	peers       map[netip.Addr]*peerState
 	withdrawals map[string]uint64
 	// want counts the changes asked for, done the last one the reconciler carried out;
-	// doneCh is closed (and replaced) each time done moves.
+	// waiters holds, by change, the channel closed once done reaches it.
 	want, done uint64
-	doneCh     chan struct{}
+	waiters    map[uint64]chan struct{}
 	running    bool
+	// planned, when set (by a test), is called by reconcile once it has planned a change
+	// and let go of mu, before it hands the change to GoBGP.
+	planned func()
 }
 
 type vipState struct {
@@ -80,7 +83,7 @@ func New(cfg Config, log *zap.Logger) (*Speaker, error) {
 	}
 	s := &Speaker{cfg: cfg, log: log.Named("bgp"), kick: make(chan struct{}, 1), served: map[netip.Addr]bool{},
 		vips: map[netip.Addr]*vipState{}, peers: map[netip.Addr]*peerState{}, withdrawals: map[string]uint64{},
-		doneCh: make(chan struct{})}
+		waiters: map[uint64]chan struct{}{}}
 	for _, p := range cfg.Peers {
 		s.peers[p.Addr] = &peerState{peer: p, state: "idle"}
 	}
@@ -264,14 +267,30 @@ func (s *Speaker) Close(graceful bool) error {
 	return err
 }
 
-// changedLocked records a change of what should be announced and wakes the reconciler.
+// changedLocked records a change of what should be announced and wakes the reconciler. The
+// channel it returns is closed once a reconcile that began after this change (and so
+// carried it out) has handed GoBGP everything: not by one already under way.
 func (s *Speaker) changedLocked() <-chan struct{} {
 	s.want++
+	ch := make(chan struct{})
+	s.waiters[s.want] = ch
 	select {
 	case s.kick <- struct{}{}:
 	default:
 	}
-	return s.doneCh
+	return ch
+}
+
+// doneLocked records that every change up to gen is in GoBGP's table and wakes their
+// waiters.
+func (s *Speaker) doneLocked(gen uint64) {
+	s.done = gen
+	for g, ch := range s.waiters {
+		if g <= gen {
+			close(ch)
+			delete(s.waiters, g)
+		}
+	}
 }
 
 // loop brings GoBGP's table to what should be announced after each change, and retries
@@ -350,7 +369,11 @@ func (s *Speaker) reconcile() {
 			del = append(del, a)
 		}
 	}
+	planned := s.planned
 	s.mu.Unlock()
+	if planned != nil {
+		planned()
+	}
 	slices.SortFunc(add, netip.Addr.Compare)
 	slices.SortFunc(del, netip.Addr.Compare)
 	addErr := s.apply(add, false)
@@ -390,9 +413,7 @@ func (s *Speaker) reconcile() {
 		s.log.Error("updating the BGP table (retried every second)", zap.Error(err))
 		return
 	}
-	s.done = gen
-	close(s.doneCh)
-	s.doneCh = make(chan struct{})
+	s.doneLocked(gen)
 }
 
 // apply adds (or withdraws) the host routes of addrs in GoBGP's table; GoBGP sends them

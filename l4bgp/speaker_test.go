@@ -345,3 +345,60 @@ func TestMD5(t *testing.T) {
 	s.SetServed(addrs("10.1.0.1"))
 	r.waitRoutes(5*time.Second, "10.1.0.1/32")
 }
+
+// gobgpHolds lists the VIP addresses in the speaker's own GoBGP table (what it has been
+// handed, whether or not a router has it yet).
+func gobgpHolds(t *testing.T, s *Speaker) []string {
+	t.Helper()
+	var out []string
+	err := s.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: bgp.RF_IPv4_UC},
+		func(prefix bgp.NLRI, _ []*apiutil.Path) { out = append(out, strings.TrimSuffix(prefix.String(), "/32")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestWithdrawalWaitsForItsOwnChange: the channel SetServed (or Shutdown) returns closes
+// only once the change it made is in GoBGP's table, not when a reconcile that began before
+// that change ends: the forwarder would delete a VIP's tables while the VIP is still
+// announced. The test holds the reconciler inside one change while it makes the next.
+func TestWithdrawalWaitsForItsOwnChange(t *testing.T) {
+	r := newRouter(t, false)
+	s, _ := newSpeaker(t, r.port, nil)
+	s.SetServed(addrs("10.1.0.1"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32")
+	for _, c := range []struct {
+		what   string
+		change func() <-chan struct{}
+		holds  []string
+	}{
+		{"a VIP that leaves", func() <-chan struct{} { return s.SetServed(addrs("10.1.0.1")) }, []string{"10.1.0.1"}},
+		{"the shutdown", s.Shutdown, nil},
+	} {
+		entered := make(chan struct{}, 2)
+		release := make(chan struct{})
+		s.mu.Lock()
+		s.planned = func() { entered <- struct{}{}; <-release }
+		s.mu.Unlock()
+		s.SetServed(addrs("10.1.0.1", "10.1.0.2")) // the reconciler takes this change up...
+		testwait.Recv(t, entered, 2*time.Second, "the reconciler inside the first change")
+		done := c.change() // ...and this one is made meanwhile
+		release <- struct{}{}
+		testwait.Recv(t, entered, 2*time.Second, "the reconciler inside the second change")
+		select {
+		case <-done:
+			t.Fatalf("%s: the wait ended before the reconcile of its change, GoBGP holding %v", c.what, gobgpHolds(t, s))
+		default:
+		}
+		close(release)
+		testwait.Recv(t, done, 2*time.Second, c.what+" handed to GoBGP")
+		if got := gobgpHolds(t, s); !slices.Equal(got, c.holds) {
+			t.Fatalf("%s: the wait ended with GoBGP holding %v, want %v", c.what, got, c.holds)
+		}
+		s.mu.Lock()
+		s.planned = nil
+		s.mu.Unlock()
+	}
+}

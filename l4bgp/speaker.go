@@ -39,6 +39,10 @@ type Speaker struct {
 	cfg Config
 	log *zap.Logger
 	srv *server.BgpServer
+	// ctx ends with Close (or the context Start was given): the speaker's goroutines and
+	// GoBGP's watch end with it.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	kick chan struct{}
 
@@ -95,6 +99,8 @@ func New(cfg Config, log *zap.Logger) (*Speaker, error) {
 // first UPDATE a router gets already holds them (and End-of-RIB, after a graceful restart,
 // follows them). It returns once the peers are configured; sessions come up on their own.
 func (s *Speaker) Start(ctx context.Context) error {
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.ctx = ctx
 	s.srv = server.NewBgpServer(server.LoggerOption(slog.New(&slogBridge{s: s}), nil))
 	go s.srv.Serve()
 	if err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
@@ -156,7 +162,8 @@ func (s *Speaker) peerConf(p Peer, restarting bool) *api.Peer {
 	if p.Addr.Is6() {
 		fam.Afi = api.Family_AFI_IP6
 	}
-	af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: fam, Enabled: true}}
+	af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: fam, Enabled: true},
+		PrefixLimits: &api.PrefixLimit{Family: fam, MaxPrefixes: maxReceived}}
 	hold := uint64(s.cfg.Hold / time.Second)
 	conf := &api.Peer{
 		Conf: &api.PeerConf{NeighborAddress: p.Addr.String(), PeerAsn: p.ASN, AuthPassword: s.cfg.Password},

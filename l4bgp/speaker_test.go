@@ -352,7 +352,9 @@ func gobgpHolds(t *testing.T, s *Speaker) []string {
 	t.Helper()
 	var out []string
 	err := s.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: bgp.RF_IPv4_UC},
-		func(prefix bgp.NLRI, _ []*apiutil.Path) { out = append(out, strings.TrimSuffix(prefix.String(), "/32")) })
+		func(prefix bgp.NLRI, _ []*apiutil.Path) {
+			out = append(out, strings.TrimSuffix(prefix.String(), "/32"))
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,5 +402,77 @@ func TestWithdrawalWaitsForItsOwnChange(t *testing.T) {
 		s.mu.Lock()
 		s.planned = nil
 		s.mu.Unlock()
+	}
+}
+
+// originate has the router send n /32 routes (10.200.0.0 up) to its peers, as a router
+// misconfigured to export its table to the nodes would.
+func (r *router) originate(n int) {
+	r.t.Helper()
+	hop, err := bgp.NewPathAttributeNextHop(netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP), hop}
+	paths := make([]*apiutil.Path, 0, n)
+	for i := 0; i < n; i++ {
+		a := netip.AddrFrom4([4]byte{10, 200 + byte(i>>16), byte(i >> 8), byte(i)})
+		nlri, err := bgp.NewIPAddrPrefix(netip.PrefixFrom(a, 32))
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		paths = append(paths, &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri, Attrs: attrs})
+	}
+	if _, err := r.srv.AddPath(apiutil.AddPathRequest{Paths: paths}); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// received counts the routes the speaker's GoBGP holds from the router (its Adj-RIB-In,
+// before the import policy).
+func received(t *testing.T, s *Speaker) int {
+	t.Helper()
+	n := 0
+	err := s.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_ADJ_IN, Name: "127.0.0.1", Family: bgp.RF_IPv4_UC},
+		func(_ bgp.NLRI, paths []*apiutil.Path) { n += len(paths) })
+	if err != nil && !strings.Contains(err.Error(), "doesn't exist") { // deleted: nothing held
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestReceivedRoutesBounded: a router that sends routes (it should send none) cannot make a
+// node hold them: past maxReceived the node ends the session with a Cease (maximum number
+// of prefixes reached), logs it with the reason and shows it on the status page, and what
+// GoBGP held goes with the session. An UPDATE is read whole before the count is checked
+// (GoBGP negotiates extended messages: 65535 bytes, at most 13,100 /32s), and those already
+// read when the limit is crossed are handled before the session ends (one or two seen):
+// the bound is three UPDATEs' worth, where without a limit the node held all 50,000.
+func TestReceivedRoutesBounded(t *testing.T) {
+	const sent = 50000
+	r := newRouter(t, false)
+	r.originate(sent)
+	s, logs := newSpeaker(t, r.port, nil)
+	s.SetServed(addrs("10.1.0.1"))
+	most := 0
+	took := testwait.For(t, 10*time.Second, "the session ended for the routes the router sent", func() (bool, string) {
+		n := received(t, s)
+		most = max(most, n)
+		st := s.Status().Peers[0]
+		return strings.Contains(st.Reason, "maximum number of prefixes"), fmt.Sprintf("holding %d of the %d routes the router sent; peer %+v", n, sent, st)
+	})
+	t.Logf("the session ended %s after the start; at most %d received routes held at a look", took.Round(time.Millisecond), most)
+	if most > 3*13100 {
+		t.Fatalf("held %d received routes: more than three UPDATEs' worth", most)
+	}
+	if n := received(t, s); n != 0 {
+		t.Fatalf("still holding %d received routes after the session ended", n)
+	}
+	if logs.FilterMessage("BGP session down").FilterFieldKey("reason").Len() == 0 {
+		t.Fatal("no session end logged")
+	}
+	e := logs.FilterMessage("BGP session down").All()[0]
+	if reason := e.ContextMap()["reason"].(string); !strings.Contains(reason, "maximum number of prefixes") {
+		t.Fatalf("session end logged with reason %q", reason)
 	}
 }

@@ -168,6 +168,12 @@ func (s *Speaker) readd(p Peer, wait time.Duration) {
 	}
 }
 
+func (s *Speaker) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
 // upLocked counts the sessions up.
 func (s *Speaker) upLocked() int {
 	n := 0
@@ -231,6 +237,9 @@ func (h *slogBridge) Handle(_ context.Context, r slog.Record) error {
 		// (BIRD's error wait after a failed session, a peer not configured).
 		h.s.connectFailed(key, "the peer closed the connection before its OPEN ("+reason+")")
 		return nil
+	}
+	if r.Message == "failed to stop BGP server" && h.s.isClosing() {
+		return nil // Close's second stop, for the BFD loop (see Close)
 	}
 	switch {
 	case r.Level >= slog.LevelError:

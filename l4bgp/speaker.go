@@ -53,6 +53,7 @@ type Speaker struct {
 	drained  string
 	broken   string
 	stopping bool
+	closing  bool // Close was called
 	// vips: every VIP address seen, announced (in GoBGP's table) or not and why.
 	vips        map[netip.Addr]*vipState
 	peers       map[netip.Addr]*peerState
@@ -255,23 +256,33 @@ func (s *Speaker) Shutdown() <-chan struct{} {
 	return s.changedLocked()
 }
 
-// Close ends every session and stops GoBGP. With graceful (and graceful restart
-// advertised) it leaves without a NOTIFICATION and without withdrawing: routers keep the
-// routes for the restart time while the pinned program forwards. Otherwise each session
-// ends with a Cease NOTIFICATION, on which routers drop what the node announced.
+// Close ends every session and stops GoBGP and every goroutine of the speaker. With
+// graceful (and graceful restart advertised) it leaves without a NOTIFICATION and without
+// withdrawing: routers keep the routes for the restart time while the pinned program
+// forwards. Otherwise each session ends with a Cease NOTIFICATION, on which routers drop
+// what the node announced.
 func (s *Speaker) Close(graceful bool) error {
 	s.mu.Lock()
+	again := s.closing
 	s.running = false
+	s.closing = true
 	s.mu.Unlock()
-	if s.srv == nil {
+	if s.srv == nil || again {
 		return nil
 	}
+	defer s.cancel() // the reconciler, the peers being added again, GoBGP's watch
 	graceful = graceful && s.cfg.GracefulRestart
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := s.srv.StopBgp(ctx, &api.StopBgpRequest{AllowGracefulRestart: graceful})
+	// StopBgp leaves GoBGP's BFD loop running: Stop ends it (its own StopBgp, on a server
+	// stopped already, only logs that it is, which the log bridge drops while closing).
+	s.srv.Stop()
 	s.log.Info("BGP speaker stopped", zap.Bool("graceful_restart", graceful))
-	return err
+	if err != nil {
+		return fmt.Errorf("stopping BGP: %w", err)
+	}
+	return nil
 }
 
 // changedLocked records a change of what should be announced and wakes the reconciler. The

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -474,5 +475,25 @@ func TestReceivedRoutesBounded(t *testing.T) {
 	e := logs.FilterMessage("BGP session down").All()[0]
 	if reason := e.ContextMap()["reason"].(string); !strings.Contains(reason, "maximum number of prefixes") {
 		t.Fatalf("session end logged with reason %q", reason)
+	}
+}
+
+// TestCloseEndsEveryGoroutine: Close stops everything GoBGP and the speaker started (GoBGP's
+// BFD loop, which StopBgp leaves running, among them): a node that stops its speaker, or a
+// test that makes many, keeps no goroutine of it.
+func TestCloseEndsEveryGoroutine(t *testing.T) {
+	for _, graceful := range []bool{false, true} {
+		r := newRouter(t, false) // a fresh one: GoBGP waits 5 s after a NOTIFICATION
+		before := runtime.NumGoroutine()
+		s, _ := newSpeaker(t, r.port, func(c *Config) { c.GracefulRestart = graceful })
+		s.SetServed(addrs("10.1.0.1"))
+		r.waitRoutes(5*time.Second, "10.1.0.1/32")
+		if err := s.Close(graceful); err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, 5*time.Second, "the speaker's goroutines ended", func() (bool, string) {
+			n := runtime.NumGoroutine()
+			return n <= before, fmt.Sprintf("%d goroutines, %d before the speaker started", n, before)
+		})
 	}
 }

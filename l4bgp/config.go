@@ -35,6 +35,9 @@ const (
 	// ceasedRetry is how long the node waits before dialling a peer again whose session it
 	// ended for sending too many routes (the peer would send them again at once).
 	ceasedRetry = 30 * time.Second
+	// forgetWithdrawn is how long a VIP that left the config is still shown, withdrawn (and
+	// exported as stickylb_bgp_announced 0), after its withdrawal.
+	forgetWithdrawn = 10 * time.Minute
 	// maxASN: 4294967295 is reserved (RFC 7300), 0 too.
 	maxASN = 4294967294
 )

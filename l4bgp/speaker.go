@@ -56,6 +56,9 @@ type Speaker struct {
 	closing  bool // Close was called
 	// vips: every VIP address seen, announced (in GoBGP's table) or not and why.
 	vips        map[netip.Addr]*vipState
+	// forgetAfter: how long a VIP that left the config stays in vips, withdrawn, after its
+	// withdrawal (its announced 0 stays exported for alerts to see).
+	forgetAfter time.Duration
 	peers       map[netip.Addr]*peerState
 	withdrawals map[string]uint64
 	// want counts the changes asked for, done the last one the reconciler carried out;
@@ -88,7 +91,7 @@ func New(cfg Config, log *zap.Logger) (*Speaker, error) {
 	}
 	s := &Speaker{cfg: cfg, log: log.Named("bgp"), kick: make(chan struct{}, 1), served: map[netip.Addr]bool{},
 		vips: map[netip.Addr]*vipState{}, peers: map[netip.Addr]*peerState{}, withdrawals: map[string]uint64{},
-		waiters: map[uint64]chan struct{}{}}
+		waiters: map[uint64]chan struct{}{}, forgetAfter: forgetWithdrawn}
 	for _, p := range cfg.Peers {
 		s.peers[p.Addr] = &peerState{peer: p, state: "idle"}
 	}
@@ -323,6 +326,7 @@ func (s *Speaker) loop(ctx context.Context) {
 		case <-s.kick:
 		case <-retry.C:
 			s.mu.Lock()
+			s.forgetLocked(time.Now())
 			behind := s.done < s.want
 			s.mu.Unlock()
 			if !behind {
@@ -331,6 +335,31 @@ func (s *Speaker) loop(ctx context.Context) {
 		}
 		s.reconcile()
 	}
+}
+
+// forgetLocked drops the VIPs that left the config and were withdrawn more than
+// forgetAfter ago: a control plane's VIP churn grows neither the status page nor the
+// metrics.
+func (s *Speaker) forgetLocked(now time.Time) {
+	for a, v := range s.vips {
+		if !v.announced && !s.served[a] && v.reason == ReasonRemoved && now.Sub(v.since) > s.forgetAfter {
+			delete(s.vips, a)
+		}
+	}
+}
+
+// offeredLocked says whether VIP a is offered to a router: in GoBGP's table, and a session
+// with a peer of its family up.
+func (s *Speaker) offeredLocked(a netip.Addr) bool {
+	if v := s.vips[a]; v == nil || !v.announced {
+		return false
+	}
+	for _, p := range s.peers {
+		if p.up && p.peer.Addr.Is4() == a.Is4() {
+			return true
+		}
+	}
+	return false
 }
 
 // verdict is what should become of one VIP address: announced, or not, for reason (a

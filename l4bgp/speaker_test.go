@@ -500,3 +500,74 @@ func TestCloseEndsEveryGoroutine(t *testing.T) {
 		})
 	}
 }
+
+// hasSeries says whether the collector exports metric name with label value label.
+func hasSeries(t *testing.T, c prometheus.Collector, name, label string) bool {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() == name && m.GetLabel()[0].GetValue() == label {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestAnnouncedMeansOffered: stickylb_bgp_announced is 1 only while the VIP is in the
+// speaker's table and a session with a peer of its family is up (offered to a router), not
+// while every session is down.
+func TestAnnouncedMeansOffered(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // nothing listens: no session
+	s, _ := newSpeaker(t, port, nil)
+	s.SetServed(addrs("10.1.0.1"))
+	testwait.For(t, 5*time.Second, "10.1.0.1 in the speaker's table", func() (bool, string) {
+		got := gobgpHolds(t, s)
+		return slices.Equal(got, []string{"10.1.0.1"}), fmt.Sprint(got)
+	})
+	if got := metricValue(t, s.Collector(), "stickylb_bgp_announced", "10.1.0.1"); got != 0 {
+		t.Fatalf("announced{10.1.0.1} = %v with no session up", got)
+	}
+	if a := s.Status().Announced[0]; a.Announced || !strings.Contains(a.Why, "no session") {
+		t.Fatalf("status with no session up: %+v", a)
+	}
+}
+
+// TestWithdrawnVIPsForgotten: a VIP that left the config keeps its announced 0 for a while
+// (an alert on it sees the withdrawal), then its series and its row go: VIP churn under a
+// control plane grows neither.
+func TestWithdrawnVIPsForgotten(t *testing.T) {
+	r := newRouter(t, false)
+	s, _ := newSpeaker(t, r.port, nil)
+	s.mu.Lock()
+	s.forgetAfter = time.Second
+	s.mu.Unlock()
+	s.SetServed(addrs("10.1.0.1", "10.1.0.2"))
+	r.waitRoutes(5*time.Second, "10.1.0.1/32", "10.1.0.2/32")
+	testwait.Recv(t, s.SetServed(addrs("10.1.0.1")), 2*time.Second, "10.1.0.2's withdrawal handed to GoBGP")
+	left := time.Now()
+	if got := metricValue(t, s.Collector(), "stickylb_bgp_announced", "10.1.0.2"); got != 0 {
+		t.Fatalf("announced{10.1.0.2} = %v after its withdrawal", got)
+	}
+	testwait.For(t, 5*time.Second, "10.1.0.2 forgotten", func() (bool, string) {
+		return !hasSeries(t, s.Collector(), "stickylb_bgp_announced", "10.1.0.2") && len(s.Status().Announced) == 1,
+			fmt.Sprintf("%+v", s.Status().Announced)
+	})
+	if d := time.Since(left); d < time.Second {
+		t.Fatalf("forgotten %s after its withdrawal, before the grace period", d)
+	}
+	if !hasSeries(t, s.Collector(), "stickylb_bgp_announced", "10.1.0.1") {
+		t.Fatal("the VIP still served was forgotten too")
+	}
+}

@@ -25,6 +25,8 @@ type peerState struct {
 	cause string
 	// downs counts the sessions that ended.
 	downs uint64
+	// dialFailures counts the dials that failed.
+	dialFailures uint64
 	// ceased: the node ended the session because the peer sent too many routes; it dials
 	// the peer again after ceasedRetry.
 	ceased bool
@@ -134,6 +136,7 @@ func (s *Speaker) connectFailed(addr, errText string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p := s.peers[a.Unmap()]; p != nil && !p.up && !p.ceased {
+		p.dialFailures++
 		s.causeLocked(p, "connect: "+cause)
 	}
 }

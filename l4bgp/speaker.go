@@ -55,7 +55,7 @@ type Speaker struct {
 	stopping bool
 	closing  bool // Close was called
 	// vips: every VIP address seen, announced (in GoBGP's table) or not and why.
-	vips        map[netip.Addr]*vipState
+	vips map[netip.Addr]*vipState
 	// forgetAfter: how long a VIP that left the config stays in vips, withdrawn, after its
 	// withdrawal (its announced 0 stays exported for alerts to see).
 	forgetAfter time.Duration

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/internal/hostcheck"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -39,7 +41,10 @@ func init() {
 //
 // Every POST must come from the page's own origin (Sec-Fetch-Site / Origin) and carry the
 // header X-Stickylb-Csrf: 1, so another site cannot drain upstreams through a visitor's
-// browser. The page itself is not authenticated: serve it where only operators reach it.
+// browser. On a site that names no host (":2020"), a drain also needs the Host to be
+// localhost or a loopback address: a page from a name that a DNS rebinding pointed at the
+// site would otherwise be same-origin. The page itself is not authenticated: serve it
+// where only operators reach it.
 type StatusHandler struct {
 	ctx    caddy.Context
 	st     *statusState
@@ -141,6 +146,11 @@ func (s *StatusHandler) serveDrain(w http.ResponseWriter, r *http.Request, drain
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return nil
 	}
+	if err := s.checkHost(r); err != nil {
+		s.logger.Warn("refused "+action, zap.String("remote", r.RemoteAddr), zap.String("host", r.Host), zap.Error(err))
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return nil
+	}
 	req, err := status.ReadDrainRequest(r)
 	if err == nil {
 		err = checkUpstreamAddress(req.Upstream)
@@ -162,6 +172,63 @@ func (s *StatusHandler) serveDrain(w http.ResponseWriter, r *http.Request, drain
 	s.logger.Info("upstream "+action+" from the status page", zap.String("upstream", req.Upstream),
 		zap.Bool("changed", changed), zap.String("remote", r.RemoteAddr))
 	return writeJSON(w, map[string]any{"upstream": req.Upstream, "drained": drain, "changed": changed})
+}
+
+// checkHost refuses a drain whose Host a DNS rebinding could have chosen: on a site that
+// names its hosts, Caddy routed the request here because its Host is one of them; on a
+// catch-all site (no host matcher on the way to this handler) any name reaches it, and
+// evil.example, re-resolved to this address, would pass the same-origin check (its Origin
+// is its Host), so there the Host must be localhost or a loopback address.
+func (s *StatusHandler) checkHost(r *http.Request) error {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if srv != nil && routedByHost(srv, s) || hostcheck.Loopback().Allows(r.Host) {
+		return nil
+	}
+	return fmt.Errorf("host %q: this status site names no host, so it drains only for localhost or a loopback address; name the site (e.g. status.example:2020 { stickylb_status }) to drain through that name", r.Host)
+}
+
+// routedByHost reports whether every request that reaches h on srv matched a host
+// matcher on its way: some route leading to h matches on Host in each of its matcher
+// sets.
+func routedByHost(srv *caddyhttp.Server, h caddyhttp.MiddlewareHandler) bool {
+	found, byHost := routeToHandler(srv.Routes, h, false, 0)
+	return found && byHost
+}
+
+// routeToHandler looks for h under routes; byHost says whether the routes it passed
+// through to get there (byHost on entry, for the enclosing ones) match on Host.
+func routeToHandler(routes caddyhttp.RouteList, h caddyhttp.MiddlewareHandler, byHost bool, depth int) (found, hostMatched bool) {
+	if depth > maxRouteDepth {
+		return false, false
+	}
+	for _, rt := range routes {
+		matched := byHost || matchesHost(rt.MatcherSets)
+		for _, mh := range rt.Handlers {
+			if mh == h {
+				return true, matched
+			}
+			if sub, ok := mh.(*caddyhttp.Subroute); ok {
+				if f, m := routeToHandler(sub.Routes, h, matched, depth+1); f {
+					return true, m
+				}
+			}
+		}
+	}
+	return false, false
+}
+
+// matchesHost reports whether a route with these matcher sets matches on Host whichever
+// set matches (no set, or one without a host matcher, lets any Host through).
+func matchesHost(sets caddyhttp.MatcherSets) bool {
+	if len(sets) == 0 {
+		return false
+	}
+	for _, set := range sets {
+		if !slices.ContainsFunc(set, func(m any) bool { _, ok := m.(*caddyhttp.MatchHost); return ok }) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkUpstreamAddress accepts what a reverse_proxy upstream's dial address may be: one

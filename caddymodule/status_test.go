@@ -41,6 +41,19 @@ func statusBackend(t *testing.T, name string) (addr string, kill func()) {
 	return ln.Addr().String(), func() { srv.Close() }
 }
 
+// runCaddyfile runs Caddy with the Caddyfile cf until the test ends.
+func runCaddyfile(t *testing.T, cf string) {
+	t.Helper()
+	cfgJSON, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
+	if err != nil {
+		t.Fatalf("adapting: %v %v", err, warn)
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}
+
 // statusWait polls cond every 20ms until it holds or within passes.
 func statusWait(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -49,9 +62,18 @@ func statusWait(t *testing.T, within time.Duration, what string, cond func() (bo
 
 func statusDo(t *testing.T, method, url, body string, hdr ...string) (int, string) {
 	t.Helper()
+	return statusDoHost(t, method, url, "", body, hdr...)
+}
+
+// statusDoHost is statusDo with the Host header host (the URL's when empty).
+func statusDoHost(t *testing.T, method, url, host, body string, hdr ...string) (int, string) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -121,14 +143,7 @@ func TestStatusHandlerLive(t *testing.T) {
 	stickylb_status
 }
 `, adminPort, proxyPort, proxyPort, a1, a2, a3, statusPort)
-	cfgJSON, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v %v", err, warn)
-	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	runCaddyfile(t, cf)
 	base := fmt.Sprintf("http://127.0.0.1:%d/", statusPort)
 	proxy := fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
 

@@ -157,7 +157,10 @@ func (tp *topo) inNS(h string, fn func()) {
 
 // get fetches path over HTTP/1.0 from addr inside namespace h (the socket is made on a
 // thread in h; Go's HTTP client would dial from another thread).
-func (tp *topo) get(h, addr, path string) string {
+func (tp *topo) get(h, addr, path string) string { return tp.getHost(h, addr, addr, path) }
+
+// getHost is get with the Host header host.
+func (tp *topo) getHost(h, addr, host, path string) string {
 	var out []byte
 	var err error
 	tp.inNS(h, func() {
@@ -167,7 +170,7 @@ func (tp *topo) get(h, addr, path string) string {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr)
+		fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, host)
 		out, err = io.ReadAll(c)
 	})
 	if err != nil {
@@ -630,6 +633,12 @@ func (r *xdpE2E) counters(t *testing.T) {
 		}
 	}
 	metrics := r.get("lb", "127.0.0.1:9901", "/metrics")
+	// Only the address's own names: a page from another name (DNS rebinding) reads nothing.
+	for _, p := range []string{"/metrics", "/", "/status.json"} {
+		if resp := r.getHost("lb", "127.0.0.1:9901", "evil.example:9901", p); !strings.HasPrefix(resp, "HTTP/1.0 421 ") {
+			t.Errorf("GET %s with Host evil.example: %.200q, want 421", p, resp)
+		}
+	}
 	for _, m := range []string{`stickylb_xdp_vip_packets_total{service="spread"}`, `stickylb_xdp_backend_bytes_total{backend="` + hosts["b2"].v4 + `:80",service="spread"}`,
 		`stickylb_xdp_conn_table_lookups_total{result="hit"}`, `stickylb_xdp_packets_total{path="forward"}`,
 		`stickylb_xdp_backend_active_connections{backend="` + hosts["b2"].v4 + `:80",service="spread"}`} {

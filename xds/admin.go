@@ -34,7 +34,12 @@ func (s *Server) AdminHandler(extra ...prometheus.Collector) http.Handler {
 	gauge("stickylb_xds_nodes", "Node ids that hold at least one stream.", func() float64 { return float64(len(s.Nodes())) })
 	gauge("stickylb_xds_streams", "Open xDS streams.", func() float64 { return float64(s.Streams()) })
 	counter("stickylb_xds_unknown_zone_streams_total", "Streams of a zone the pools file does not name (served the cross-zone view).", func() float64 { return float64(s.Stats.UnknownZone.Load()) })
-	counter("stickylb_xds_refused_streams_total", "Streams refused (node cap, identity).", func() float64 { return float64(s.Stats.Refused.Load()) })
+	reg.MustRegister(refusalCollector{s: s, desc: prometheus.NewDesc("stickylb_xds_refused_streams_total",
+		"Streams refused, by reason: max_streams, identity_streams, invalid_node, identity, id_taken, node_streams, identity_nodes, max_nodes.",
+		[]string{"reason"}, nil)})
+	counter("stickylb_xds_first_request_timeouts_total", "Streams ended for sending no request within --first-request-timeout.", func() float64 { return float64(s.Stats.FirstRequestTimeouts.Load()) })
+	counter("stickylb_xds_unknown_type_requests_total", "Requests for type URLs the server does not serve (dropped: no watch, no state).", func() float64 { return float64(s.Stats.UnknownTypes.Load()) })
+	counter("stickylb_xds_unknown_type_streams_ended_total", "Streams ended for asking for 100 distinct type URLs the server does not serve.", func() float64 { return float64(s.Stats.UnknownTypeEnds.Load()) })
 	counter("stickylb_xds_pushes_total", "Responses sent to nodes.", func() float64 { return float64(s.Stats.Pushes.Load()) })
 	counter("stickylb_xds_nacks_total", "Snapshots a node rejected (counted once per push).", func() float64 { return float64(s.Stats.NACKs.Load()) })
 	counter("stickylb_xds_rollbacks_total", "Nodes returned to their last acknowledged snapshot.", func() float64 { return float64(s.Stats.Rollbacks.Load()) })

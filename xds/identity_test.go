@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/stickylb/stickylb/internal/testkit/grpctest"
@@ -96,16 +95,7 @@ func TestSecondStreamOfALiveNode(t *testing.T) {
 	t.Run("plaintext", func(t *testing.T) {
 		s := NewServer(t.Context(), bigPools(t, 1, 3, 8080), nil, zaptest.NewLogger(t))
 		addr := grpctest.Serve(t, s.Register)
-		from := func(ip string) *grpc.ClientConn {
-			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cc.Close() })
-			return cc
-		}
+		from := func(ip string) *grpc.ClientConn { return fromAddr(t, addr, ip) }
 		if _, _, err := adsNode(ctx, from("127.0.0.1"), "plain", "zone-a"); err != nil {
 			t.Fatal(err)
 		}

@@ -131,7 +131,8 @@ type nodeChurn struct {
 // them, then measures what the server keeps.
 func churn(ctx context.Context, t *testing.T, f *pools.File, transient, zones int) nodeChurn {
 	base := settledHeap()
-	s := NewServer(ctx, f, nil, zap.NewNop(), WithMaxNodes(50_000))
+	// Every stream comes from 127.0.0.1: one identity, whose share is raised with the caps.
+	s := NewServer(ctx, f, nil, zap.NewNop(), WithMaxNodes(50_000), WithMaxNodesPerIdentity(50_000), WithMaxStreams(50_000))
 	dial := tcpXDS(t, s) // loopback: an in-memory pipe's buffers would count as the server's heap
 	cc := dial()
 	for i := 0; i < 10; i++ {
@@ -312,7 +313,7 @@ func TestMaxNodes(t *testing.T) {
 	if _, _, err := adsNode(ctx, cc, "c", "zone-a"); err != nil {
 		t.Fatalf("a new node once a left: %v", err)
 	}
-	if got := s.Stats.Refused.Load(); got != 2 {
+	if got := s.Stats.Refused.Of(RefusedMaxNodes); got != 2 {
 		t.Fatalf("%d streams counted as refused, want 2", got)
 	}
 }

@@ -36,6 +36,8 @@ const DefaultMaxNodes = 10_000
 
 // Stats are the server's counters (exported as Prometheus metrics by the admin endpoint).
 type Stats struct {
+	// ReloadErrors counts rejected edits of the pools file: Watch counts each once, invalid
+	// or untranslatable; Update only returns the error.
 	Pushes, NACKs, Reloads, ReloadErrors, Rollbacks, HealthTransitions atomic.Uint64
 	// Builds counts snapshot translations: one per view zone and version, shared by the
 	// zone's streams.
@@ -44,8 +46,12 @@ type Stats struct {
 	// every node group: they get the cross-zone view (XDP and Caddy nodes, whose zone has
 	// no backend, spread over every zone).
 	UnknownZone atomic.Uint64
-	// Refused counts streams refused: over the node cap, or an identity that does not match.
-	Refused atomic.Uint64
+	// Refused counts streams refused, by reason (limits.go).
+	Refused Refusals
+	// FirstRequestTimeouts counts streams ended for sending no request within
+	// WithFirstRequestTimeout; UnknownTypes requests for type URLs the server does not serve
+	// (dropped), and UnknownTypeEnds the streams ended for asking for maxUnknownTypes of them.
+	FirstRequestTimeouts, UnknownTypes, UnknownTypeEnds atomic.Uint64
 	// Panics counts services entering panic (every non-draining backend down: fail open).
 	Panics atomic.Uint64
 }
@@ -135,6 +141,8 @@ type Server struct {
 	xds                      serverv3.Server
 	view                     HealthView
 	maxNodes                 int
+	// lim bounds streams and what each identity holds (limits.go).
+	lim limits
 	// requireIdentity: node ids must match the client certificate (WithNodeIdentity).
 	requireIdentity bool
 	Stats           Stats
@@ -175,7 +183,7 @@ type Server struct {
 
 // NewServer returns a server for f. view may be nil (no health checking).
 func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Logger, opts ...Option) *Server {
-	s := &Server{log: log, view: view, maxNodes: DefaultMaxNodes, file: f, named: namedZones(f), version: 1,
+	s := &Server{log: log, view: view, maxNodes: DefaultMaxNodes, lim: defaultLimits(), file: f, named: namedZones(f), version: 1,
 		views: map[string]*cachev3.Snapshot{}, viewers: map[string]int{}, zones: map[string]int{},
 		streams: map[int64]*stream{}, nodes: map[string]*nodeEntry{}}
 	for _, o := range opts {
@@ -258,13 +266,15 @@ func (s *Server) cacheOf(st *stream) cachev3.SnapshotCache {
 // deltaAckVersion marks a delta request that ACKs whatever the stream was last sent.
 const deltaAckVersion = "\x00delta"
 
-// Register adds ADS and the per-type services to g.
+// Register adds ADS and the per-type services to g, every stream behind the limits
+// (guard.go, limits.go). Serve g with GRPCServerOptions.
 func (s *Server) Register(g *grpc.Server) {
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, s.xds)
-	clusterservice.RegisterClusterDiscoveryServiceServer(g, s.xds)
-	endpointservice.RegisterEndpointDiscoveryServiceServer(g, s.xds)
-	listenerservice.RegisterListenerDiscoveryServiceServer(g, s.xds)
-	routeservice.RegisterRouteDiscoveryServiceServer(g, s.xds)
+	gs := guarded{Server: s.xds, s: s}
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, gs)
+	clusterservice.RegisterClusterDiscoveryServiceServer(g, gs)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(g, gs)
+	listenerservice.RegisterListenerDiscoveryServiceServer(g, gs)
+	routeservice.RegisterRouteDiscoveryServiceServer(g, gs)
 }
 
 var typeURLs = []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
@@ -307,6 +317,7 @@ func (s *Server) closed(id int64) {
 		if e := s.nodes[st.node.ID]; e != nil {
 			if e.streams--; e.streams == 0 {
 				delete(s.nodes, st.node.ID)
+				s.lim.dropNodeLocked(e.identity.name)
 			}
 		}
 		if s.zones[st.node.Zone]--; s.zones[st.node.Zone] == 0 {
@@ -349,8 +360,7 @@ func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string
 		needsView, err := s.admitLocked(st, n)
 		s.mu.Unlock()
 		if err != nil {
-			s.Stats.Refused.Add(1)
-			s.log.Warn("stream refused", zap.Int64("stream", id), zap.String("node", n.GetId()), zap.Error(err))
+			s.refused(err, st.identity, n.GetId())
 			return nil, err
 		}
 		if needsView {
@@ -381,30 +391,19 @@ func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string
 // admitLocked checks a stream's first request and registers its node; it reports whether
 // the stream's view has yet to be built.
 func (s *Server) admitLocked(st *stream, n *corev3.Node) (needsView bool, err error) {
-	if n.GetId() == "" {
-		return false, status.Error(codes.InvalidArgument, "the first request of a stream must carry a node id")
-	}
-	if s.requireIdentity && !st.identity.covers(n.GetId()) {
-		return false, status.Errorf(codes.PermissionDenied, "node id %q is not covered by %s: it needs a URI SAN spiffe://TRUST_DOMAIN/%s or a DNS SAN naming its host part",
-			n.GetId(), st.identity.describe(), n.GetId())
+	if err := s.checkAdmissionLocked(st, n); err != nil {
+		return false, err
 	}
 	e := s.nodes[n.GetId()]
-	if e != nil && e.identity.name != st.identity.name {
-		// Without this, anyone could attach to a live node's id; the node's own streams
-		// stay its own either way (ACKs and NACKs are per stream).
-		return false, status.Errorf(codes.AlreadyExists, "node id %q has a live stream from another identity", n.GetId())
-	}
-	if e == nil && len(s.nodes) >= s.maxNodes {
-		return false, status.Errorf(codes.ResourceExhausted, "node limit reached: %d nodes hold streams (--max-nodes)", s.maxNodes)
-	}
 	st.admitted = true
 	st.node = Node{ID: n.GetId(), Zone: n.GetLocality().GetZone(), Group: groupOf(n)}
-	st.keyNode = proto.Clone(n).(*corev3.Node)
+	st.keyNode = trimNode(n)
 	st.keyNode.Id = st.key
 	if e == nil {
 		e = &nodeEntry{identity: st.identity}
 		s.nodes[st.node.ID] = e
 		s.peakNodes = max(s.peakNodes, len(s.nodes))
+		s.lim.addNodeLocked(st.identity.name)
 	}
 	e.streams++
 	s.zones[st.node.Zone]++
@@ -553,7 +552,9 @@ func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
 	}
 }
 
-// Update replaces the pools file (a reload) and pushes a new version to every stream.
+// Update replaces the pools file (a reload) and pushes a new version to every stream. A
+// file that does not translate keeps the last good one serving and is returned as an
+// error, not counted: the caller counts the rejected edit (Watch does, once).
 func (s *Server) Update(f *pools.File) error {
 	s.lockBuild()
 	defer s.buildMu.Unlock()
@@ -611,7 +612,8 @@ func (s *Server) publish(f *pools.File, next int) error {
 	for z := range need {
 		snap, err := s.build(f, viewNode(z), strconv.Itoa(next), view)
 		if err != nil {
-			s.Stats.ReloadErrors.Add(1)
+			// Not counted here: whoever offered the file counts the rejected edit once
+			// (Watch through pools.Watcher); a refresh's failure is no edit.
 			return fmt.Errorf("pools file not applied: %w", err)
 		}
 		built[z] = snap
@@ -728,9 +730,6 @@ func (s *Server) Nodes() []string {
 	return out
 }
 
-// Streams returns how many streams are open.
-func (s *Server) Streams() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.streams)
-}
+// Streams returns how many streams are open, those still waiting for their first request
+// included.
+func (s *Server) Streams() int { return s.lim.openStreams() }

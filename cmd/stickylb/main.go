@@ -93,7 +93,7 @@ const (
 	versionUsage  = "usage: stickylb version [--json]\n"
 	validateUsage = "usage: stickylb validate [-q] FILE\n"
 	planUsage     = "usage: stickylb plan --pools OLD --next NEW [--json] [--keys N]\n"
-	xdsUsage      = "usage: stickylb xds (--pools FILE | --etcd URL[,URL...] [--replica-id ID] [--api ADDR ...]) --listen ADDR [--admin ADDR] [--tls-cert F --tls-key F [--client-ca F]]\n"
+	xdsUsage      = "usage: stickylb xds (--pools FILE | --etcd URL[,URL...] [--replica-id ID] [--api ADDR ...]) --listen ADDR [--admin ADDR [--admin-host NAME,...]] [--tls-cert F --tls-key F [--client-ca F]]\n"
 )
 
 // newFlagSet is a subcommand's flag set whose -h (or a flag it does not know) prints the

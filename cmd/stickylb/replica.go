@@ -92,13 +92,13 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 		}
 		apiHandler = api.New(cli, scfg.Keys(), auth, log)
 	}
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes)}
+	xopts := o.limits()
 	if o.clientCA != "" {
 		xopts = append(xopts, xds.WithNodeIdentity())
 	}
 	r := replica.New(ctx, replica.Config{ID: rf.id, Keys: scfg.Keys(), LeaseTTL: time.Duration(rf.leaseTTL) * time.Second,
 		StoreTimeout: rf.storeTimeout}, cli, log, xopts...)
-	g := grpc.NewServer(append(opts, grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
+	g := grpc.NewServer(append(append(opts, r.Server().GRPCServerOptions()...), grpc.ChainStreamInterceptor(r.Gate().StreamInterceptor()))...)
 	r.Server().Register(g)
 	registerHealth(g, r.Gate())
 	go func() { _ = g.Serve(ln) }()
@@ -109,12 +109,11 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 		if apiHandler != nil {
 			collectors = append(collectors, apiHandler.Collector())
 		}
-		aln, err := net.Listen("tcp", o.admin)
-		if err != nil {
-			return fail(fmt.Errorf("listening for admin: %w", err))
+		var stopAdmin func()
+		if adminAddr, stopAdmin, err = serveAdmin(o.admin, o.adminHosts, r.Server().AdminHandler(collectors...), log); err != nil {
+			return fail(fmt.Errorf("admin: %w", err))
 		}
-		adminAddr = aln.Addr().String()
-		defer serveHTTP(aln, r.Server().AdminHandler(collectors...))()
+		defer stopAdmin()
 	}
 	apiAddr := ""
 	if apiLn != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -104,7 +103,12 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 		return 1
 	}
 	edits := status.NewConfigLog(fl.pools, time.Now())
-	defer serveXDPMetrics(fl.metrics, l, edits, rt, log)()
+	stopMetrics, err := serveXDPMetrics(fl.metrics, l, edits, rt, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
+		return 1
+	}
+	defer stopMetrics()
 	log.Info("forwarding", zap.String("iface", fl.cfg.Iface), zap.String("mode", string(fl.cfg.Mode)), zap.String("pools", fl.pools))
 	fmt.Fprintln(stdout, "ready")
 	w := pools.Watcher{Path: fl.pools, Interval: fl.poll, Current: f, Log: log, Edits: edits,
@@ -113,19 +117,18 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 	return 0
 }
 
-// serveXDPMetrics serves, at addr, the forwarder's counters and more (Prometheus, at
+// serveXDPMetrics serves, at m, the forwarder's counters and more (Prometheus, at
 // /metrics) and l's status page (at /; with the pools file's refused edits when edits is
-// not nil, and what the node announces with BGP), until the function it returns is called.
-// An empty addr serves nothing.
-func serveXDPMetrics(addr string, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, log *zap.Logger, more ...prometheus.Collector) (stop func()) {
-	if addr == "" {
-		return func() {}
+// not nil, and what the node announces with BGP), to requests for m's Host names only,
+// until the function it returns is called. An empty address serves nothing.
+func serveXDPMetrics(m httpAddr, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, log *zap.Logger, more ...prometheus.Collector) (stop func(), err error) {
+	if m.addr == "" {
+		return func() {}, nil
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(append(append([]prometheus.Collector{xdpCollector{l.Tables()}}, rt.collectors()...), more...)...)
-	hs := &http.Server{Addr: addr, Handler: xdpMetricsHandler(l, reg, edits, rt.status, log), ReadHeaderTimeout: 5 * time.Second}
-	go hs.ListenAndServe()
-	return func() { hs.Close() }
+	_, stop, err = serveAdmin(m.addr, m.hosts, xdpMetricsHandler(l, reg, edits, rt.status, log), log)
+	return stop, err
 }
 
 // xdpCollector exposes the forwarder's counters: by path, by VIP, by backend, and the

@@ -141,6 +141,8 @@ func TestXDPXDSFlags(t *testing.T) {
 		{[]string{"--pools", p, "--node-id", "h/xdp/lo", "--iface", "lo"}, "go with --xds"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-ca", "/nonexistent/ca.pem", "--iface", "lo"}, "reading the CA file"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-cert", "n.pem", "--iface", "lo"}, "certificate and key go together"},
+		{[]string{"--pools", p, "--admin-host", "lb1.example", "--iface", "lo"}, "--admin-host goes with --metrics"},
+		{[]string{"--pools", p, "--metrics", "127.0.0.1:9100", "--admin-host", "lb1.example:9100", "--iface", "lo"}, "want a DNS name or an IP address"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := xdpCmd(tc.args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {

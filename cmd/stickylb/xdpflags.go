@@ -10,7 +10,7 @@ import (
 )
 
 const xdpUsage = `usage:
-  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR] [--pin-root DIR]
+  stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR [--admin-host NAME,...]] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
                [--bgp-asn N --bgp-peer ADDR@ASN[,...] [--bgp-router-id A] [--bgp-hold D] [--bgp-next-hop A]
@@ -35,8 +35,8 @@ type xdpFlags struct {
 	sub     string // stats, tables, detach, pass; empty: forward
 	pools   string // --pools; empty with --xds
 	poll    time.Duration
-	metrics string
-	node    xdsNode // --xds and the node's flags; node.server empty with --pools
+	metrics httpAddr // --metrics, and the Host names it answers (--admin-host)
+	node    xdsNode  // --xds and the node's flags; node.server empty with --pools
 	cfg     l4xdp.Config
 	bgp     bgpFlags // --bgp-* and --drain-time: announcing the VIPs (off without them)
 }
@@ -62,7 +62,8 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	fs.StringVar(&fl.pools, "pools", "", "pools file (reloaded when it changes)")
 	fs.StringVar(&fl.cfg.Iface, "iface", "", "interface to attach to")
 	mode := fs.String("mode", "native", "native or generic")
-	fs.StringVar(&fl.metrics, "metrics", "", "HTTP address for Prometheus metrics at /metrics and the status page at / (off when empty)")
+	fs.StringVar(&fl.metrics.addr, "metrics", "", "HTTP address for Prometheus metrics at /metrics and the status page at / (off when empty)")
+	fs.Var(&fl.metrics.hosts, "admin-host", "more Host names the --metrics address answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 	fs.StringVar(&fl.cfg.PinRoot, "pin-root", l4xdp.DefaultPinRoot, "bpffs directory for pinned state (a bpffs is mounted when none holds it)")
 	fs.DurationVar(&fl.poll, "poll", defaultPoll, "how often to look for pools-file changes")
 	tableSize := fs.Uint("conn-table-size", l4xdp.DefaultConnTableSize, "connection-table entries (shared by every CPU)")
@@ -90,6 +91,10 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	}
 	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
 		fmt.Fprint(stderr, "stickylb xdp: --node-id and --xds-* go with --xds\n")
+		return fl, errXDPUsage
+	}
+	if err := checkAdminHosts("--metrics", fl.metrics.addr, fl.metrics.hosts); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return fl, errXDPUsage
 	}
 	if fl.cfg.Iface == "" || fs.NArg() != 0 || fl.sub == "" && fl.pools == "" && xn.server == "" || *mode != "native" && *mode != "generic" ||

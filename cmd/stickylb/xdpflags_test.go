@@ -21,7 +21,7 @@ func TestXDPFlagsConfig(t *testing.T) {
 			NAT:    l4xdp.NAT{PortLow: l4xdp.DefaultNATPortLow, PortHigh: l4xdp.DefaultNATPortHigh}}}},
 		{[]string{"--pools", "p.yaml", "--iface", "eth9", "--mode", "generic", "--zone", "z1", "--conn-insert-cap", "0",
 			"--conn-table-size", "4096", "--metrics", ":9100", "--pin-root", "/x", "--poll", "5s", "--nat-ports", "2000-3000"},
-			xdpFlags{pools: "p.yaml", poll: 5 * defaultPoll, metrics: ":9100", node: xdsNode{zone: "z1"}, cfg: l4xdp.Config{
+			xdpFlags{pools: "p.yaml", poll: 5 * defaultPoll, metrics: httpAddr{addr: ":9100"}, node: xdsNode{zone: "z1"}, cfg: l4xdp.Config{
 				Iface: "eth9", Mode: l4xdp.ModeGeneric, PinRoot: "/x", Zone: "z1",
 				Tables: l4xdp.Options{ConnTableSize: 4096, InsertCap: -1},
 				NAT:    l4xdp.NAT{PortLow: 2000, PortHigh: 3000}}}},

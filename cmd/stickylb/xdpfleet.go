@@ -37,7 +37,7 @@ func defaultNodeID(iface string) string {
 // starts on what a previous loader pinned (so a node restarted while the control plane is
 // down keeps forwarding its last view), and probes nothing: the view's verdicts decide. A
 // view the forwarder cannot hold is NACKed with the reason and the last view stays.
-func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics string, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
+func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics httpAddr, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
 	c, err := adsclient.New(adsclient.Config{
 		Servers: strings.Split(n.server, ","), NodeID: n.nodeID, Zone: n.zone, UserAgentName: fleetview.UserAgentXDP,
 		TLS: adsclient.TLS{CAFile: n.ca, CertFile: n.cert, KeyFile: n.key},
@@ -70,7 +70,12 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics strin
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	defer serveXDPMetrics(metrics, l, nil, rt, log, c.Collector())()
+	stopMetrics, err := serveXDPMetrics(metrics, l, nil, rt, log, c.Collector())
+	if err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
+		return 1
+	}
+	defer stopMetrics()
 	// The VIPs the pinned program serves are announced before the first view arrives.
 	if err := rt.start(ctx, l, cfg); err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)

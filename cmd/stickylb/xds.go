@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -69,20 +68,17 @@ func serveXDS(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.Writ
 	if err != nil {
 		return fail(fmt.Errorf("listening for xDS: %w", err))
 	}
-	g := grpc.NewServer(gopts...)
+	g := grpc.NewServer(append(gopts, cp.srv.GRPCServerOptions()...)...)
 	cp.srv.Register(g)
 	go func() { _ = g.Serve(ln) }()
 	defer g.GracefulStop()
 	adminAddr := ""
 	if o.admin != "" {
-		aln, err := net.Listen("tcp", o.admin)
-		if err != nil {
-			return fail(fmt.Errorf("listening for admin: %w", err))
+		var stopAdmin func()
+		if adminAddr, stopAdmin, err = serveAdmin(o.admin, o.adminHosts, cp.srv.AdminHandler(), log); err != nil {
+			return fail(fmt.Errorf("admin: %w", err))
 		}
-		adminAddr = aln.Addr().String()
-		hs := &http.Server{Handler: cp.srv.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(aln) }()
-		defer hs.Close()
+		defer stopAdmin()
 	}
 	go cp.watch(ctx, o, log)
 	log.Info("serving xDS", zap.String("listen", ln.Addr().String()), zap.String("admin", adminAddr),
@@ -134,7 +130,7 @@ func startControlPlane(ctx context.Context, f *pools.File, o xdsOptions, log *za
 			log.Error("publishing health", zap.Error(err))
 		}
 	})
-	xopts := []xds.Option{xds.WithMaxNodes(o.maxNodes), xds.WithFirstVerdicts(first.ready), xds.WithProbes(cp.mon.Lookup)}
+	xopts := append(o.limits(), xds.WithFirstVerdicts(first.ready), xds.WithProbes(cp.mon.Lookup))
 	if o.clientCA != "" {
 		// mTLS: a node id speaks only for the certificate that covers it.
 		xopts = append(xopts, xds.WithNodeIdentity())

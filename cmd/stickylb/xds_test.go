@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/stickylb/stickylb/internal/testkit/testcert"
@@ -208,6 +209,68 @@ func TestXDSStatusShowsRefusedEdit(t *testing.T) {
 		c = config()
 		return c != nil && c.Refused == nil && c.Loaded.After(edited), fmt.Sprintf("%+v", c)
 	})
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestXDSLimitFlags: the flags that bound nodes and streams reach the server: a silent
+// stream ends at --first-request-timeout, a second node id of one address is refused
+// under --max-nodes-per-identity 1, and a connection carries --max-streams-per-conn
+// streams at once.
+func TestXDSLimitFlags(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o, err := parseXDSFlags([]string{"--pools", "../../pools.example.yaml", "--listen", "127.0.0.1:0", "--first-request-timeout", "300ms",
+		"--max-nodes-per-identity", "1", "--max-streams-per-conn", "1"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _, done := runXDS(ctx, t, o, zaptest.NewLogger(t))
+	dial := func() *grpc.ClientConn {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	silent, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(dial()).StreamAggregatedResources(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := silent.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a silent stream: %v, want DeadlineExceeded", err)
+	}
+	node := func(cc *grpc.ClientConn, id string) error {
+		st, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(sctx)
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: id}, TypeUrl: resource.ClusterType}); err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	cc := dial()
+	if err := node(cc, "first"); err != nil {
+		t.Fatal(err)
+	}
+	// The first node's stream is open: a second stream on its connection waits.
+	waiting := make(chan error, 1)
+	go func() { waiting <- node(cc, "second") }()
+	select {
+	case err := <-waiting:
+		t.Fatalf("a second stream on a connection of --max-streams-per-conn 1 was answered: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := node(dial(), "second"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a second node id from one address: %v, want ResourceExhausted", err)
+	}
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d", code)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // stepProber answers each probe with the next outcome of a script, then repeats the last.
@@ -148,5 +150,51 @@ func runChild(t *testing.T, name string, env ...string) {
 	t.Logf("child:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+name) {
 		t.Fatalf("child failed: %v", err)
+	}
+}
+
+// TestFirstProbeFaultIsSaid: a target whose very first probe cannot run (an ICMP check
+// without the permission to open a raw socket) stays Unknown, and says so once: a
+// transition with the fault's reason (so it is logged, and the first-verdicts hold counts
+// it decided) and the reason in its status; the same fault again says nothing more.
+func TestFirstProbeFaultIsSaid(t *testing.T) {
+	steps := make(chan outcome, 1)
+	steps <- inconclusive
+	c, err := NewChecker(Config{Protocol: TCP, Interval: 5 * time.Millisecond, Timeout: 2 * time.Millisecond,
+		HealthyThreshold: 1, UnhealthyThreshold: 1}, AllowShortIntervals())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.prober = &stepProber{steps: steps}
+	if err := c.SetTargets([]Target{{ID: "b", Address: "127.0.0.1:1"}}); err != nil {
+		t.Fatal(err)
+	}
+	ch, unsub := c.Subscribe(16)
+	defer unsub()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx)
+	select {
+	case tr := <-ch:
+		if tr.To != Unknown || tr.From != Unknown || !tr.ProberFault || !strings.Contains(tr.Reason, "prober fault") {
+			t.Fatalf("first transition %+v, want Unknown to Unknown, a prober fault with its reason", tr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a first probe that could not run made no transition: nothing says why the backend is unknown")
+	}
+	st, ok := c.Lookup("b")
+	if !ok || !strings.Contains(st.Reason, "prober fault") {
+		t.Fatalf("status %+v: the reason is not the prober fault", st)
+	}
+	// Ten more probes, all faulting the same way, say nothing more.
+	first := st.LastProbe
+	testwait.For(t, 5*time.Second, "ten more probes", func() (bool, string) {
+		s, _ := c.Lookup("b")
+		return s.LastProbe.Sub(first) >= 10*c.cfg.Interval, s.LastProbe.String()
+	})
+	select {
+	case tr := <-ch:
+		t.Fatalf("the same fault again made another transition: %+v", tr)
+	default:
 	}
 }

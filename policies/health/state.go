@@ -76,7 +76,8 @@ type TargetStatus struct {
 	// Since is when the target entered State: the deciding probe's
 	// completion, or for Unknown when the target was added.
 	Since time.Time
-	// Reason is the deciding probe's result; empty while Unknown.
+	// Reason is the deciding probe's result; while Unknown, the prober fault that keeps the
+	// target there, if any (empty before a first probe).
 	Reason string
 	// LastProbe and LastResult describe the latest completed probe, which
 	// may not have changed the state.
@@ -122,7 +123,14 @@ func (m *machine) unknown(at time.Time, result string) (changed bool, from State
 	m.okRun, m.failRun = 0, 0
 	from = m.state
 	if from == Unknown {
-		return false, from
+		// Never decided yet: the state stays, but a new cause is said once (a transition
+		// from Unknown to Unknown), so a backend the prober cannot probe from its first
+		// probe on is logged with why, and counts as decided, rather than silently unknown.
+		if m.reason == result {
+			return false, from
+		}
+		m.reason = result
+		return true, from
 	}
 	m.state, m.since, m.reason = Unknown, at, result
 	return true, from

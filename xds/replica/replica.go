@@ -74,6 +74,9 @@ type Replica struct {
 	// published is the file of the server's current version.
 	published *pools.File
 	latest    *store.State // the newest state read, served or not
+	// untranslatable is the last file the server refused to publish: counted once in
+	// ReloadErrors, however often it is retried.
+	untranslatable *pools.File
 	// released: the first-verdicts hold is over (it holds once, at a cold start).
 	released    bool
 	holdTimer   *time.Timer
@@ -248,6 +251,10 @@ func (r *Replica) install(st *store.State) {
 	}
 	if st.Revision != r.served.Load().Revision || r.file != r.published {
 		if err := r.srv.UpdateAt(r.file, int(st.Revision), func() { r.serve(st) }); err != nil {
+			if r.file != r.untranslatable {
+				r.untranslatable = r.file
+				r.srv.Stats.ReloadErrors.Add(1) // the server counts no refusal: its caller does
+			}
 			r.log.Error("publishing the stored state", zap.Int64("revision", st.Revision), zap.Error(err))
 			return
 		}

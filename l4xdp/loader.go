@@ -22,7 +22,7 @@ type Loader struct {
 	log   *zap.Logger
 	iface *net.Interface
 	nl    *netlink.Handle // route netlink, in the namespace the loader was opened in
-	maps  *Tables // the loaded program and its maps: what apply writes, what stats read
+	maps  *Tables         // the loaded program and its maps: what apply writes, what stats read
 	lnk   link.Link
 	dir   string
 

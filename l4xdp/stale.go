@@ -36,14 +36,14 @@ var ErrStale = errors.New("the tables are stale")
 // notForwarding is a certain reason the program cannot forward.
 type notForwarding struct{ msg string }
 
-func (e notForwarding) Error() string        { return e.msg }
+func (e notForwarding) Error() string      { return e.msg }
 func (notForwarding) Is(target error) bool { return target == ErrNotForwarding }
 
 // staleError says why the tables are behind the config.
 type staleError struct{ err error }
 
-func (e staleError) Error() string        { return "the tables are behind the config: " + e.err.Error() }
-func (e staleError) Unwrap() error        { return e.err }
+func (e staleError) Error() string      { return "the tables are behind the config: " + e.err.Error() }
+func (e staleError) Unwrap() error      { return e.err }
 func (staleError) Is(target error) bool { return target == ErrStale }
 
 // transientError marks a failure of an apply that may pass on a retry: a backend's MAC not

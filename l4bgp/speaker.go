@@ -27,7 +27,8 @@ const (
 	// ReasonShutdown: the node is stopping (SIGTERM, SIGINT).
 	ReasonShutdown = "shutdown"
 	// ReasonForwarder: the node can no longer forward (program detached, interface down,
-	// maps unreadable).
+	// maps unreadable), or forwards with tables behind the config the rest of the fleet
+	// holds (an edit it failed to install, retried meanwhile).
 	ReasonForwarder = "forwarder"
 )
 

@@ -183,8 +183,9 @@ func TestFailedVIPNotServed(t *testing.T) {
 	}
 	// The apply pruned the entries of no service: the retry finds room.
 	testwait.For(t, retryMax+2*time.Second, "the retry installs 10.9.0.2", func() (bool, string) {
+		stale := l.Stale() // not under mu: the loader calls Served, which takes mu, under its lock
 		mu.Lock()
 		defer mu.Unlock()
-		return l.Stale() == nil && slices.Contains(told[len(told)-1], netip.MustParseAddr("10.9.0.2")), fmt.Sprint(told[len(told)-1])
+		return stale == nil && slices.Contains(told[len(told)-1], netip.MustParseAddr("10.9.0.2")), fmt.Sprint(stale, told[len(told)-1])
 	})
 }

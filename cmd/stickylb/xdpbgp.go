@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -106,19 +108,54 @@ func (r *xdpRouting) start(ctx context.Context, l *l4xdp.Loader, cfg l4xdp.Confi
 	return nil
 }
 
-// watchForwarding withdraws every VIP while the forwarder cannot forward, checked every
-// second.
+// watchForwarding withdraws every VIP while the forwarder cannot forward with tables that
+// are the fleet's, checked every second (see forwardingWatch).
 func (r *xdpRouting) watchForwarding(ctx context.Context, l *l4xdp.Loader) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var w forwardingWatch
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.sp.SetForwarding(l.Forwarding())
+			r.sp.SetForwarding(w.look(l.Forwarding(), l.Stale()))
 		}
 	}
+}
+
+// forwardingMisses is how many looks in a row must fail to read (netlink, a map) before the
+// node is withdrawn for it: at one look a second, 3 s.
+const forwardingMisses = 3
+
+// forwardingWatch turns each look at the loader into what the speaker is told. A cause it
+// knows for certain (the program detached, the interface down or gone: ErrNotForwarding;
+// the tables behind the config: ErrStale) withdraws at once; a read that failed withdraws
+// only once forwardingMisses looks in a row failed, so that one failed netlink read does
+// not take a node out of every router's ECMP group.
+type forwardingWatch struct {
+	misses int
+	last   error // what the speaker was told last
+}
+
+// look is what to tell the speaker after one look: fwd from Forwarding, stale from Stale.
+func (w *forwardingWatch) look(fwd, stale error) error {
+	switch {
+	case fwd == nil:
+		w.misses = 0
+		w.last = stale
+	case errors.Is(fwd, l4xdp.ErrNotForwarding):
+		w.misses = 0
+		w.last = fwd
+	default:
+		w.misses++
+		if w.misses >= forwardingMisses {
+			w.last = fmt.Errorf("%w (%d looks in a row or more)", fwd, forwardingMisses)
+		} else if w.last == nil || !errors.Is(w.last, l4xdp.ErrNotForwarding) {
+			w.last = stale // the last certain verdict stands until a look succeeds
+		}
+	}
+	return w.last
 }
 
 // lingering is the node's run context: it ends when sig does, except that with BGP the

@@ -34,7 +34,10 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.runCtx = ctx
 	// A checker (re)started by this apply has probed nothing yet: until its first verdicts
 	// can be in, a backend this loader had down stays down (see unhealthyLocked).
-	l.holdUntil = l.now().Add(firstVerdictHold(f))
+	l.holdUntil = time.Time{} // no checker, no hold, and no rebuild at its end
+	if d := firstVerdictHold(f); d > 0 {
+		l.holdUntil = l.now().Add(d)
+	}
 	err := l.applyWaitLocked(f, resolveWait)
 	if ok, _ := isTransient(err); err != nil && !ok {
 		return err

@@ -172,6 +172,12 @@ func TestFailedVIPNotServed(t *testing.T) {
 	if err := r.applyIn(l, strings.Replace(withNeighbour, "{address: 10.9.1.9:80}", `{address: 10.9.1.9:80, mac: "02:00:00:00:00:09"}`, 1)); err == nil {
 		t.Fatal("a VIP with no room in the map applied")
 	}
+	// Hold the retry (the apply pruned the entries of no service: it would find room) until
+	// the stale state is checked.
+	l.mu.Lock()
+	retryAt := l.retryAt
+	l.retryAt = l.now().Add(time.Hour)
+	l.mu.Unlock()
 	mu.Lock()
 	last := told[len(told)-1]
 	mu.Unlock()
@@ -181,6 +187,9 @@ func TestFailedVIPNotServed(t *testing.T) {
 	if err := l.Stale(); err == nil {
 		t.Fatal("not stale with a VIP of the config missing")
 	}
+	l.mu.Lock()
+	l.retryAt = retryAt
+	l.mu.Unlock()
 	// The apply pruned the entries of no service: the retry finds room.
 	testwait.For(t, retryMax+2*time.Second, "the retry installs 10.9.0.2", func() (bool, string) {
 		stale := l.Stale() // not under mu: the loader calls Served, which takes mu, under its lock

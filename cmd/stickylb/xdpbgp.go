@@ -31,6 +31,7 @@ type xdpRouting struct {
 	log       *zap.Logger
 	drainTime time.Duration
 	graceful  bool
+	runDir    string
 	ctl       *controlServer
 
 	mu      sync.Mutex
@@ -54,7 +55,7 @@ func newXDPRouting(b *bgpFlags, iface string, restarting bool, log *zap.Logger) 
 	if err != nil {
 		return nil, flagError{"bgp-*", err.Error()}
 	}
-	return &xdpRouting{sp: sp, log: log, drainTime: b.drainTime, graceful: b.graceful}, nil
+	return &xdpRouting{sp: sp, log: log, drainTime: b.drainTime, graceful: b.graceful, runDir: b.runDir}, nil
 }
 
 // served is the loader's ServedFunc: it hands the VIPs to the speaker and, when one
@@ -80,13 +81,19 @@ func (r *xdpRouting) served(addrs []netip.Addr) {
 	}
 }
 
-// start announces what the loader serves (read from the pinned maps when no apply has told
-// it yet: a node restarted while its control plane is down serves those), starts the
-// speaker, the forwarding check and the control socket.
+// start opens the control socket (a node drained when it last ran starts drained),
+// announces what the loader serves (read from the pinned maps when no apply has told it
+// yet: a node restarted while its control plane is down serves those), starts the speaker
+// and the forwarding check.
 func (r *xdpRouting) start(ctx context.Context, l *l4xdp.Loader, cfg l4xdp.Config) error {
 	if r == nil {
 		return nil
 	}
+	ctl, err := listenControl(r.runDir, cfg, r.sp, r.log)
+	if err != nil {
+		return err
+	}
+	r.ctl = ctl
 	r.mu.Lock()
 	if !r.heard {
 		if addrs, err := l.ServedAddrs(); err == nil {
@@ -100,11 +107,6 @@ func (r *xdpRouting) start(ctx context.Context, l *l4xdp.Loader, cfg l4xdp.Confi
 		return err
 	}
 	go r.watchForwarding(ctx, l)
-	ctl, err := listenControl(cfg, r.sp, r.log)
-	if err != nil {
-		return err
-	}
-	r.ctl = ctl
 	return nil
 }
 

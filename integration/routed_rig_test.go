@@ -202,7 +202,7 @@ func (rf *routedFleet) nodeArgs(lb string, graceful bool) []string {
 	if p, ok := rf.extra[lb]; ok {
 		pools = p
 	}
-	args := []string{rf.bin, "xdp", "--pools", pools, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb),
+	args := []string{rf.bin, "xdp", "--pools", pools, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb),
 		"--poll", "100ms", "--metrics", "127.0.0.1:9911",
 		"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-peer", routed4("rt") + "@" + strconv.Itoa(routerASN) + "," + routed6("rt") + "@" + strconv.Itoa(routerASN),
 		"--bgp-hold", routedHold.String(), "--drain-time", routedDrainTime.String(), "--bgp-community", "65001:" + routedHosts[lb]}
@@ -214,6 +214,9 @@ func (rf *routedFleet) nodeArgs(lb string, graceful bool) []string {
 	}
 	return args
 }
+
+// runDir is node lb's --run-dir (its control socket and drain state).
+func (rf *routedFleet) runDir(lb string) string { return filepath.Join(rf.dir, "run-"+lb) }
 
 // startNode starts (or restarts) node lb and waits until the router routes the VIPs to it.
 func (rf *routedFleet) startNode(lb string, graceful bool) {
@@ -227,7 +230,7 @@ func (rf *routedFleet) startNode(lb string, graceful bool) {
 		rf.readyNodes(rf.bin, lb)
 		rf.mu.Lock()
 	}
-	n.graceful, n.drained = graceful, false
+	n.graceful = graceful // a drained node stays drained through a restart
 	rf.mu.Unlock()
 	proc := rf.startProc(lb, "", rf.nodeArgs(lb, graceful)...)
 	rf.mu.Lock()
@@ -347,14 +350,14 @@ func (rf *routedFleet) joinNode(lb string, graceful bool) {
 // drainNode runs `stickylb xdp drain` against node lb.
 func (rf *routedFleet) drainNode(lb string) {
 	rf.record("node drain", lb, true)
-	rf.in(lb, rf.bin, "xdp", "drain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--reason", "test")
+	rf.in(lb, rf.bin, "xdp", "drain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb), "--reason", "test")
 	rf.mark(lb, func(n *fleetNode) { n.drained = true })
 }
 
 // undrainNode runs `stickylb xdp undrain` against node lb.
 func (rf *routedFleet) undrainNode(lb string) {
 	rf.record("node undrain", lb, true)
-	rf.in(lb, rf.bin, "xdp", "undrain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb))
+	rf.in(lb, rf.bin, "xdp", "undrain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb))
 	rf.mark(lb, func(n *fleetNode) { n.drained = false })
 }
 

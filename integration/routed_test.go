@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/link"
+
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
@@ -75,6 +77,15 @@ func TestRoutedFleet(t *testing.T) {
 		if !strings.Contains(rf.nodes["lb2"].proc.String(), `"reason":"drain"`) {
 			t.Error("lb2 logged no withdrawal for the drain")
 		}
+		// Drained, killed and started again (it adopts its pinned program): it stays drained.
+		rf.killNode("lb2")
+		rf.startNode("lb2", false)
+		up := testwait.For(t, 10*time.Second, "the restarted lb2's sessions up", func() (bool, string) {
+			log := rf.nodes["lb2"].proc.String()
+			return strings.Count(log, "BGP session up") == 2 && strings.Contains(log, "drained before the node restarted"), ""
+		})
+		rf.neverRouted(t, "lb2", time.Second)
+		t.Logf("lb2, drained, restarted: its sessions up %s after its start, not routed 1 s later", up.Round(time.Millisecond))
 		rf.undrainNode("lb2")
 		rf.waitRoutes(t, routeSlack, "lb1", "lb2", "lb3", "lb4")
 	})
@@ -221,6 +232,36 @@ func TestRoutedFleet(t *testing.T) {
 		rep := attribute(load.snapshot(), rf.log)
 		t.Logf("through join, drain, stop, kill, pulled link and graceful restart:\n%s", rep)
 	})
+
+	// After the report (no load: the flows on lb1 would meet a node that no longer forwards
+	// until the router moves them).
+	rf.phase("a node whose program is detached is withdrawn at once", func(t *testing.T) {
+		lnk, err := link.LoadPinnedLink(filepath.Join(rf.pinRoot("lb1"), "eth0", "link"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lnk.Close()
+		if err := lnk.Detach(); err != nil { // what `bpftool link detach` does
+			t.Fatal(err)
+		}
+		// Checked every second, a certain cause withdraws at the first look.
+		took := rf.waitRoutes(t, time.Second+routeSlack, "lb2", "lb3", "lb4")
+		t.Logf("lb1 withdrawn %s after its program was detached", took.Round(time.Millisecond))
+		if log := rf.nodes["lb1"].proc.String(); !strings.Contains(log, `"reason":"forwarder"`) || !strings.Contains(log, "no longer attached") {
+			t.Errorf("lb1 logged no withdrawal for the detached program")
+		}
+	})
+}
+
+// neverRouted fails if the router routes a VIP to node lb within d (polled every 20 ms).
+func (rf *routedFleet) neverRouted(t *testing.T, lb string, d time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6); slices.Contains(r4, lb) || slices.Contains(r6, lb) {
+			t.Fatalf("%s routed: IPv4 over %v, IPv6 over %v", lb, r4, r6)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the router's table
+	}
 }
 
 // checkObservability: node lb exports its sessions and announcements, and its status

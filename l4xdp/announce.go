@@ -66,7 +66,9 @@ func uniqueAddrs(addrs []netip.Addr) []netip.Addr {
 // for certain (all but a netlink or map read that failed, which may pass) is
 // ErrNotForwarding. Tables behind the config are not its to say: see Stale.
 func (l *Loader) Forwarding() error {
-	if err := l.linkError(); err != nil {
+	err := l.linkError()
+	l.noteLink(err)
+	if err != nil {
 		return err
 	}
 	info, err := l.lnk.Info()

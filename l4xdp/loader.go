@@ -65,6 +65,10 @@ type Loader struct {
 	failedStale bool
 	retryAt     time.Time
 	retryWait   time.Duration
+	// linkDown: Forwarding last found the interface down or without carrier; linkBack: when
+	// it found it back (zero: never down). See Stale.
+	linkDown bool
+	linkBack time.Time
 	// maintStop ends the loop that steps ramps and recounts active connections.
 	maintStop, maintDone chan struct{}
 }

@@ -102,13 +102,50 @@ func isTransient(err error) (ok, local bool) {
 // The loader retries until an apply succeeds. A failure every node makes alike (a config
 // refused, a neighbour none of them can resolve with its link up) is not stale: the node's
 // tables are the fleet's, the last good ones.
+//
+// A loader that probes its backends itself is stale, too, for a while after its link came
+// back (as Forwarding saw it): the verdicts its checks reached while the link was down say
+// nothing of the backends (every one of them failed its probes), and until they have
+// probed again (each service's healthy threshold times its interval, and its timeout) its
+// tables are not the fleet's: a router that routes to it again at once would send flows
+// to other backends than the rest of the fleet does.
 func (l *Loader) Stale() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.failed == nil || !l.failedStale {
-		return nil
+	if l.failed != nil && l.failedStale {
+		return staleError{l.failed}
 	}
-	return staleError{l.failed}
+	if l.external == nil && !l.linkBack.IsZero() && l.file != nil {
+		if until := l.linkBack.Add(reprobeWithin(l.file)); l.now().Before(until) {
+			return staleError{fmt.Errorf("the link of %s came back at %s: the health checks probe the backends again until %s",
+				l.cfg.Iface, l.linkBack.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano))}
+		}
+	}
+	return nil
+}
+
+// reprobeWithin bounds how long a running checker of f's services takes to find a backend
+// healthy again after its probes failed: the healthy threshold's probes, the last one's
+// timeout, and slack for the rebuild.
+func reprobeWithin(f *pools.File) time.Duration {
+	var d time.Duration
+	for _, s := range pools.HealthServices(vipServices(f)) {
+		c := s.Config.WithDefaults()
+		d = max(d, time.Duration(c.HealthyThreshold)*c.Interval+c.Timeout+250*time.Millisecond)
+	}
+	return d
+}
+
+// noteLink records what Forwarding found of the link: down for certain, or back up.
+func (l *Loader) noteLink(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrNotForwarding):
+		l.linkDown = true
+	case err == nil && l.linkDown:
+		l.linkDown, l.linkBack = false, l.now()
+	}
 }
 
 // settleLocked records how an apply or rebuild of l.file went: nil, it holds; a failure

@@ -1,6 +1,7 @@
 package l4xdp
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -197,4 +198,47 @@ func TestFailedVIPNotServed(t *testing.T) {
 		defer mu.Unlock()
 		return stale == nil && slices.Contains(told[len(told)-1], netip.MustParseAddr("10.9.0.2")), fmt.Sprint(stale, told[len(told)-1])
 	})
+}
+
+// TestStaleAfterLinkBack: a node that probes its backends itself is stale from the moment
+// Forwarding finds its link back until its checks have had the time to probe again (here
+// healthy threshold 2 x interval 1 s + timeout 0.5 s + 0.25 s); its verdicts from while the
+// link was down are not the fleet's.
+func TestStaleAfterLinkBack(t *testing.T) {
+	r, l := staleRig(t, nil)
+	checked := strings.Replace(loaderPoolsA, "    affinity: {mode: none}\n",
+		"    affinity: {mode: none}\n    health_check: {protocol: tcp, interval: 1s, timeout: 500ms, healthy_threshold: 2, unhealthy_threshold: 1}\n", 1)
+	if err := r.applyIn(l, checked); err != nil {
+		t.Fatal(err)
+	}
+	forwarding := func() (err error) {
+		r.kit.MustDo("lb", func() error { err = l.Forwarding(); return nil })
+		return err
+	}
+	if err := l.Stale(); err != nil {
+		t.Fatalf("stale before any link loss: %v", err)
+	}
+	r.kit.In("lb", "ip", "link", "set", "v1", "down")
+	testwait.For(t, 5*time.Second, "v0 without carrier", func() (bool, string) {
+		err := forwarding()
+		return errors.Is(err, ErrNotForwarding), fmt.Sprint(err)
+	})
+	r.kit.In("lb", "ip", "link", "set", "v1", "up")
+	testwait.For(t, 5*time.Second, "v0's carrier back", func() (bool, string) {
+		err := forwarding()
+		return err == nil, fmt.Sprint(err)
+	})
+	back := time.Now()
+	if err := l.Stale(); !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "came back") {
+		t.Fatalf("just after the link came back: Stale() = %v", err)
+	}
+	const want = 2*time.Second + 500*time.Millisecond + 250*time.Millisecond
+	took := testwait.For(t, want+2*time.Second, "the re-probing time over", func() (bool, string) {
+		err := l.Stale()
+		return err == nil, fmt.Sprint(err)
+	})
+	t.Logf("stale %s after the link came back (bound %s)", time.Since(back).Round(10*time.Millisecond), want)
+	if took < want-100*time.Millisecond {
+		t.Fatalf("current again %s after the link came back, before the checks could re-probe (%s)", took, want)
+	}
 }

@@ -38,6 +38,7 @@ type routedFleet struct {
 	members  []string          // the backends in the pools file, in order
 	weights  map[string]int    // their weights (absent: 1)
 	drained  map[string]bool   // drained in the pools file
+	dead     map[string]bool   // backends whose server is killed
 	log      []fleetEvent      // every event, for attributing broken connections
 	extra    map[string]string // per node: a pools file of its own (instead of the fleet's)
 	extraArg map[string][]string
@@ -96,7 +97,7 @@ func newRoutedFleet(t *testing.T, backends ...string) *routedFleet {
 		return newLAN(t, lan{prefix: "slr", hosts: hostsOrder, v4: routed4, v6: routed6})
 	})
 	rf := &routedFleet{topo: tp, bin: bin, poolsFile: poolsFile, dir: t.TempDir(), nodes: map[string]*fleetNode{},
-		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{},
+		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{}, dead: map[string]bool{},
 		extra: map[string]string{}, extraArg: map[string][]string{}}
 	// The client, behind the router.
 	tp.kit.AddNS("cl")
@@ -313,6 +314,47 @@ func (rf *routedFleet) tablesAgree() (bool, string) {
 	return first != nil, "no routed node"
 }
 
+// tablesExpected says whether every routed node's tables hold the backends they should:
+// those in the pools file, not drained, alive (when none is, every backend: fail open),
+// with the dead ones among the down.
+func (rf *routedFleet) tablesExpected() (bool, string) {
+	rf.mu.Lock()
+	var want, dead []string
+	for _, b := range rf.members {
+		switch {
+		case rf.dead[b]:
+			dead = append(dead, b)
+		case !rf.drained[b]:
+			want = append(want, b)
+		}
+	}
+	rf.mu.Unlock()
+	slices.Sort(want)
+	slices.Sort(dead)
+	for _, lb := range rf.routed() {
+		ts, err := rf.tables(lb)
+		if err != nil {
+			return false, err.Error()
+		}
+		for svc, vt := range ts {
+			hosts := func(names []string) []string {
+				var out []string
+				for _, n := range names {
+					if h := hostOf(n); !slices.Contains(out, h) {
+						out = append(out, h)
+					}
+				}
+				slices.Sort(out)
+				return out
+			}
+			if in, down := hosts(vt.Table), hosts(vt.Down); len(want) > 0 && !slices.Equal(in, want) || !slices.Equal(down, dead) {
+				return false, fmt.Sprintf("%s's %s holds %v with %v down; want %v with %v down", lb, svc, in, down, want, dead)
+			}
+		}
+	}
+	return true, ""
+}
+
 // vipPackets is node lb's count of packets forwarded for service svc.
 func (rf *routedFleet) vipPackets(lb, svc string) uint64 {
 	st, err := l4xdp.PinnedStats(l4xdp.Config{Iface: "eth0", PinRoot: rf.pinRoot(lb)})
@@ -455,6 +497,7 @@ func (rf *routedFleet) killBackend(b string) {
 	rf.record("backend kill", b, false)
 	rf.mu.Lock()
 	s := rf.servers[b]
+	rf.dead[b] = true
 	rf.mu.Unlock()
 	s.Close()
 }
@@ -465,12 +508,15 @@ func (rf *routedFleet) reviveBackend(b string) {
 	s := rf.serve(b, 80)
 	rf.mu.Lock()
 	rf.servers[b] = s
+	delete(rf.dead, b)
 	rf.mu.Unlock()
 }
 
 // waitQuiet waits until the router routes the VIPs over the nodes that should carry them
-// and every routed node holds the same tables, within d; it reports whether the tables
-// agreed, and what it saw.
+// and every routed node holds the same tables, and tables that are the rig's config (the
+// backends in the pools file, not drained, their servers alive, and the dead ones marked
+// down: every node has seen the last event's effect, not only agreed on the table before
+// it), within d; it reports whether the tables agreed, and what it saw.
 func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	t.Helper()
 	rf.waitRoutes(t, d, rf.routed()...)
@@ -479,6 +525,9 @@ func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	defer rf.settled()
 	for time.Now().Before(deadline) {
 		ok, s := rf.tablesAgree()
+		if ok {
+			ok, s = rf.tablesExpected()
+		}
 		if ok {
 			return true, ""
 		}

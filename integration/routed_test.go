@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -54,16 +55,42 @@ func TestRoutedFleet(t *testing.T) {
 	// connections none (the shares below are the streams' alone).
 	var load *fleetLoad
 	rf.phase("a fourth node joins: streams keep their backends", func(t *testing.T) {
-		load = rf.startLoad(vip4+":80", 40, 0, 0, 0, 0)
-		time.Sleep(time.Second) // the streams under way
+		const streams = 40
+		load = rf.startLoad(vip4+":80", streams, 0, 0, 0, 0)
+		testwait.For(t, 10*time.Second, "every stream open and exchanging", func() (bool, string) {
+			open, pings := load.progress()
+			return open == streams && pings >= 2*streams, fmt.Sprintf("%d open, %d exchanges", open, pings)
+		})
 		rf.joinNode("lb4", false)
 		took := rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
-		before := rf.vipPackets("lb4", "spread")
-		time.Sleep(2 * time.Second) // the streams' share of the new node
-		moved := rf.vipPackets("lb4", "spread") - before
-		t.Logf("lb4 routed %s after its start; it then carried %d packets of streams that began before it", took.Round(time.Millisecond), moved)
-		if moved == 0 {
-			t.Fatal("no stream moved to lb4")
+		// The join share, measured: each node's share of the streams' packets (they keep one
+		// pace) over at least 10 exchanges a stream after the router took lb4 in.
+		nodes := []string{"lb1", "lb2", "lb3", "lb4"}
+		before := map[string]uint64{}
+		for _, lb := range nodes {
+			before[lb] = rf.vipPackets(lb, "spread")
+		}
+		delta := func() (map[string]uint64, uint64) {
+			d, total := map[string]uint64{}, uint64(0)
+			for _, lb := range nodes {
+				d[lb] = rf.vipPackets(lb, "spread") - before[lb]
+				total += d[lb]
+			}
+			return d, total
+		}
+		var d map[string]uint64
+		var total uint64
+		testwait.For(t, 20*time.Second, "10 exchanges a stream since the join", func() (bool, string) {
+			d, total = delta()
+			return total >= 2*10*streams, fmt.Sprintf("%d packets: %v", total, d)
+		})
+		share := float64(d["lb4"]) / float64(total)
+		t.Logf("lb4 routed %s after its start; then the streams' packets by node: %v: lb4 carries %.2f of them (about %.0f of %d streams; ECMP over 4 gives it 1/4)",
+			took.Round(time.Millisecond), d, share, share*streams, streams)
+		// Which streams the router gives lb4 is a hash of their ports: a binomial(40, 1/4),
+		// bounded at 4 sigma.
+		if sigma := math.Sqrt(0.25 * 0.75 / streams); d["lb4"] == 0 || math.Abs(share-0.25) > 4*sigma {
+			t.Fatalf("lb4's share of the streams %.2f, want 1/4 within %.2f", share, 4*sigma)
 		}
 		rf.noneBroken(t, load, "the join")
 	})
@@ -72,7 +99,7 @@ func TestRoutedFleet(t *testing.T) {
 		rf.drainNode("lb2")
 		took := rf.waitRoutes(t, routeSlack, "lb1", "lb3", "lb4")
 		t.Logf("lb2 withdrawn %s after the drain", took.Round(time.Millisecond))
-		time.Sleep(time.Second) // the streams go on through the other nodes
+		load.waitStreams(t, time.Now()) // the streams go on through the other nodes
 		rf.noneBroken(t, load, "the drain")
 		if !strings.Contains(rf.nodes["lb2"].proc.String(), `"reason":"drain"`) {
 			t.Error("lb2 logged no withdrawal for the drain")
@@ -107,7 +134,7 @@ func TestRoutedFleet(t *testing.T) {
 		rf.killNode("lb1")
 		took := rf.waitRoutes(t, routeSlack, "lb2", "lb3", "lb4")
 		t.Logf("lb1 withdrawn %s after SIGKILL", took.Round(time.Millisecond))
-		time.Sleep(time.Second)
+		load.waitStreams(t, time.Now())
 		rf.noneBroken(t, load, "the kill")
 		rf.joinNode("lb1", false) // adopts its pinned program and maps
 		rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
@@ -117,7 +144,8 @@ func TestRoutedFleet(t *testing.T) {
 		rf.pullLink("lb4")
 		took := rf.waitRoutes(t, routedHold+routeSlack, "lb1", "lb2", "lb3")
 		t.Logf("lb4 withdrawn %s after its link was pulled (hold time %s)", took.Round(time.Millisecond), routedHold)
-		time.Sleep(2 * time.Second) // the streams that were on lb4 retransmit through the others
+		again := load.waitStreams(t, time.Now()) // the streams that were on lb4 retransmit through the others
+		t.Logf("every stream exchanged again %s after lb4's withdrawal", again.Round(time.Millisecond))
 		rf.noneBroken(t, load, "the pulled link")
 		rf.restoreLink("lb4")
 		took = rf.waitRoutes(t, 5*time.Second+routeSlack, "lb1", "lb2", "lb3", "lb4")
@@ -178,12 +206,33 @@ func TestRoutedFleet(t *testing.T) {
 			}
 		}()
 		before := rf.vipPackets("lb2", "spread")
+		protos := rf.birdProtocols(routed4("lb2"), routed6("lb2"))
+		if len(protos) != 2 {
+			t.Fatalf("BIRD's sessions with lb2: %v, want 2\n%s", protos, rf.birdc("show", "protocols", "all"))
+		}
+		birdFrom := len(rf.bird.String())
 		rf.restartGraceful("lb2")
 		testwait.For(t, 10*time.Second, "lb2 restarted with the Restarting bit and its session up", func() (bool, string) {
 			log := rf.nodes["lb2"].proc.String()
 			return strings.Contains(log, `"restarting":true`) && strings.Contains(log, "BGP session up"), ""
 		})
-		time.Sleep(time.Second) // past the End-of-RIB: no stale route left to flush
+		// BIRD's side: it saw each session restart gracefully (kept lb2's routes, stale) and
+		// ended the restart on lb2's End-of-RIB, not on its restart timer.
+		took := testwait.For(t, 10*time.Second, "BIRD ends lb2's graceful restarts on End-of-RIB", func() (bool, string) {
+			log := rf.bird.String()[birdFrom:]
+			for _, p := range protos {
+				if !strings.Contains(log, p+": Neighbor graceful restart detected") || !strings.Contains(log, p+": Neighbor graceful restart done") {
+					return false, log
+				}
+			}
+			return true, ""
+		})
+		if log := rf.bird.String()[birdFrom:]; strings.Contains(log, "graceful restart timeout") || strings.Contains(log, "grace period expired") {
+			t.Fatalf("BIRD ended a restart on its timer:\n%s", log)
+		}
+		t.Logf("BIRD: graceful restart detected and done (End-of-RIB) on %v, %s after the restart began", protos, took.Round(time.Millisecond))
+		// Past the End-of-RIB no stale route is left to flush; the sampler has looked since.
+		rf.waitRoutes(t, routeSlack, "lb1", "lb2", "lb3", "lb4")
 		close(stop)
 		if gaps := <-missed; len(gaps) > 0 {
 			t.Fatalf("the route lost lb2 during its graceful restart: %v", gaps)
@@ -251,6 +300,21 @@ func TestRoutedFleet(t *testing.T) {
 			t.Errorf("lb1 logged no withdrawal for the detached program")
 		}
 	})
+}
+
+// birdProtocols names BIRD's BGP sessions with the neighbours at addrs.
+func (rf *routedFleet) birdProtocols(addrs ...string) []string {
+	var names []string
+	cur := ""
+	for _, line := range strings.Split(rf.birdc("show", "protocols", "all"), "\n") {
+		if line != "" && line[0] != ' ' && line[0] != '\t' {
+			cur = strings.Fields(line)[0]
+		}
+		if a, ok := strings.CutPrefix(strings.TrimSpace(line), "Neighbor address:"); ok && slices.Contains(addrs, strings.TrimSpace(a)) {
+			names = append(names, cur)
+		}
+	}
+	return names
 }
 
 // neverRouted fails if the router routes a VIP to node lb within d (polled every 20 ms).

@@ -42,6 +42,7 @@ type routedFleet struct {
 	log      []fleetEvent      // every event, for attributing broken connections
 	extra    map[string]string // per node: a pools file of its own (instead of the fleet's)
 	extraArg map[string][]string
+	xds      map[string]string // per node: the control plane it takes its view from (instead of the pools file)
 }
 
 // fleetNode is one XDP node of the fleet.
@@ -97,7 +98,7 @@ func newRoutedFleet(t *testing.T, backends ...string) *routedFleet {
 		return newLAN(t, lan{prefix: "slr", hosts: hostsOrder, v4: routed4, v6: routed6})
 	})
 	rf := &routedFleet{topo: tp, bin: bin, poolsFile: poolsFile, dir: t.TempDir(), nodes: map[string]*fleetNode{},
-		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{}, dead: map[string]bool{},
+		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{}, dead: map[string]bool{}, xds: map[string]string{},
 		extra: map[string]string{}, extraArg: map[string][]string{}}
 	// The client, behind the router.
 	tp.kit.AddNS("cl")
@@ -142,6 +143,7 @@ template bgp lbnode {
 	local as 65000;
 	graceful restart on;
 	error wait time 1, 5;
+	debug { states, events }; # the graceful restart's steps, which the tests read
 }
 protocol bgp nodes4 from lbnode {
 	neighbor range 10.77.0.0/24 external;
@@ -203,10 +205,15 @@ func (rf *routedFleet) nodeArgs(lb string, graceful bool) []string {
 	if p, ok := rf.extra[lb]; ok {
 		pools = p
 	}
-	args := []string{rf.bin, "xdp", "--pools", pools, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb),
-		"--poll", "100ms", "--metrics", "127.0.0.1:9911",
+	source := []string{"--pools", pools, "--poll", "100ms"}
+	if a := rf.xds[lb]; a != "" {
+		source = []string{"--xds", a, "--node-id", lb + "/xdp/eth0"}
+	}
+	args := append([]string{rf.bin, "xdp"}, source...)
+	args = append(args, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb),
+		"--metrics", "127.0.0.1:9911",
 		"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-peer", routed4("rt") + "@" + strconv.Itoa(routerASN) + "," + routed6("rt") + "@" + strconv.Itoa(routerASN),
-		"--bgp-hold", routedHold.String(), "--drain-time", routedDrainTime.String(), "--bgp-community", "65001:" + routedHosts[lb]}
+		"--bgp-hold", routedHold.String(), "--drain-time", routedDrainTime.String(), "--bgp-community", "65001:"+routedHosts[lb])
 	if graceful {
 		args = append(args, "--bgp-graceful-restart")
 	}

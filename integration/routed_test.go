@@ -328,6 +328,42 @@ func (rf *routedFleet) neverRouted(t *testing.T, lb string, d time.Duration) {
 	}
 }
 
+// TestRoutedXDSNode: `stickylb xdp --xds ... --bgp-*`, a node fed by the control plane
+// (`stickylb xds`, here in the router's namespace), announces the VIPs of its view: the
+// router routes to it and new connections land where its table says; a VIP the control
+// plane drops from the view is withdrawn; SIGTERM withdraws it within the drain time.
+func TestRoutedXDSNode(t *testing.T) {
+	rf := newRoutedFleet(t, "b1", "b2", "b3", "b4")
+	cp := routed4("rt") + ":18100"
+	rf.startProc("rt", "serving xDS", rf.bin, "xds", "--pools", rf.poolsFile, "--listen", cp, "--poll", "100ms")
+	rf.xds["lb1"] = cp
+	rf.startNode("lb1", false)
+	took := rf.waitRoutes(t, 10*time.Second, "lb1")
+	t.Logf("lb1, fed by the control plane, routed %s after its start", took.Round(time.Millisecond))
+	testwait.For(t, 5*time.Second, "lb1 applied the view", func() (bool, string) {
+		return strings.Contains(rf.nodes["lb1"].proc.String(), "view applied"), ""
+	})
+	rf.checkPicks(t, vip4, "spread", 40)
+	rf.checkPicks(t, vip6, "spread6", 20)
+
+	full := routedPools([]string{"b1", "b2", "b3", "b4"}, nil, nil)
+	rf.writeFile(rf.poolsFile, full[:strings.Index(full, "  - name: spread6")])
+	took = testwait.Until(t, 5*time.Second, 20*time.Millisecond, "the IPv6 VIP withdrawn, the IPv4 one kept", func() (bool, string) {
+		r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6)
+		return len(r6) == 0 && slices.Equal(r4, []string{"lb1"}), fmt.Sprintf("IPv4 over %v, IPv6 over %v", r4, r6)
+	})
+	t.Logf("the IPv6 VIP left the router %s after the control plane's pools file dropped it", took.Round(time.Millisecond))
+
+	done := make(chan struct{})
+	go func() { rf.stopNode("lb1"); close(done) }()
+	took = testwait.Until(t, routedDrainTime, 20*time.Millisecond, "lb1 withdrawn on SIGTERM", func() (bool, string) {
+		r4 := rf.routeNodes(vip4)
+		return len(r4) == 0, fmt.Sprint(r4)
+	})
+	testwait.Recv(t, done, routedDrainTime+5*time.Second, "lb1 exits after its drain time")
+	t.Logf("lb1 withdrawn %s after SIGTERM", took.Round(time.Millisecond))
+}
+
 // checkObservability: node lb exports its sessions and announcements, and its status
 // page's JSON shows them.
 func (rf *routedFleet) checkObservability(t *testing.T, lb string) {

@@ -52,6 +52,8 @@ type Client struct {
 	lastErr    error
 	streamEnds uint64
 	counts     map[updateKey]uint64
+	// appliedLog writes the "applied" lines of each type, at most one per ApplyLogEvery.
+	appliedLog map[string]*Sampled
 
 	wg sync.WaitGroup
 }
@@ -106,6 +108,8 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 		wake:   make(chan struct{}, 1),
 		subs:   map[string]*subscription{},
 		counts: map[updateKey]uint64{},
+
+		appliedLog: map[string]*Sampled{},
 	}, nil
 }
 
@@ -197,6 +201,11 @@ func (c *Client) Close() error {
 		cancel()
 	}
 	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.appliedLog {
+		s.Stop()
+	}
 	return nil
 }
 
@@ -550,6 +559,11 @@ func (c *Client) handle(types map[string]*typeStream, resp *discoveryv3.Discover
 
 	c.mu.Lock()
 	c.counts[updateKey{typeURL, result}]++
+	appliedLog := c.appliedLog[typeURL]
+	if appliedLog == nil {
+		appliedLog = &Sampled{Log: c.log, Every: ApplyLogEvery}
+		c.appliedLog[typeURL] = appliedLog
+	}
 	var req *discoveryv3.DiscoveryRequest
 	var delay time.Duration
 	if err != nil {
@@ -571,7 +585,7 @@ func (c *Client) handle(types map[string]*typeStream, resp *discoveryv3.Discover
 		c.log.Warn("rejected an xDS update", zap.String("type", typeURL), zap.String("version", version),
 			zap.String("kept_version", req.GetVersionInfo()), zap.Duration("nack_delay", delay), zap.Error(err))
 	} else if result == resultApplied {
-		c.log.Info("applied an xDS update", zap.String("type", typeURL), zap.String("version", version),
+		appliedLog.Info("applied an xDS update", zap.String("type", typeURL), zap.String("version", version),
 			zap.Int("resources", len(res)))
 	}
 	return req, delay

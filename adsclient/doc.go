@@ -61,7 +61,9 @@
 // LastUpdate when a response was last accepted, Version the last ACKed version of a type.
 // Collector exports the same for Prometheus (stickylb_xds_connected, the time and age of
 // the last update, stream ends, updates by type and result). Logs go to the zap logger
-// given to New: stream up and down, each applied update, each rejection with its reason.
+// given to New: stream up and down, applied updates (at most one line per type and
+// ApplyLogEvery, the latest, with how many it stands for: see Sampled), each rejection with
+// its reason.
 //
 // # TLS
 //

@@ -65,6 +65,7 @@ type TableInfo struct {
 	Expired     uint64            `json:"expired"`
 	Evicted     uint64            `json:"evicted"`
 	Invalidated uint64            `json:"invalidated"`
+	Protected   int               `json:"protected"`
 	Repins      map[string]uint64 `json:"repins"`
 }
 
@@ -74,6 +75,9 @@ type ScopeInfo struct {
 	Misses     uint64            `json:"misses"`
 	Repins     map[string]uint64 `json:"repins"`
 	Rejections map[string]uint64 `json:"cookie_rejections"`
+	// NewCapped counts new sessions not learned (app_cookie learn): their client was over
+	// max_new_per_client.
+	NewCapped uint64 `json:"new_sessions_capped"`
 }
 
 // SessionsInfo is the body of GET /stickylb/sessions.
@@ -90,6 +94,7 @@ func sessionsInfo() SessionsInfo {
 			Misses:     s.misses.Load(),
 			Repins:     s.repins.snapshot(repinReasons),
 			Rejections: s.rejections.snapshot(rejectReasons),
+			NewCapped:  s.capped.Load(),
 		}
 	})
 	eachTable(func(name string, t *sharedTable) {
@@ -97,7 +102,7 @@ func sessionsInfo() SessionsInfo {
 		info := TableInfo{
 			Policy: t.policy, Entries: st.Entries, Capacity: st.Capacity, TTL: t.Config().TTL.String(),
 			Hits: st.Hits, Misses: st.Misses, Inserts: st.Inserts, Expired: st.Expired,
-			Evicted: st.Evicted, Invalidated: st.Invalidated,
+			Evicted: st.Evicted, Invalidated: st.Invalidated, Protected: st.Protected,
 		}
 		if sc, ok := out.Scopes[name]; ok {
 			info.Repins = sc.Repins

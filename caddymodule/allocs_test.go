@@ -34,7 +34,7 @@ func requestAllocs(sel reverseproxy.Selector, pools poolSource, q benchReq, with
 		if q.reset != nil {
 			q.reset(q.r)
 		}
-		vars := map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: q.ip}
+		vars := caddyVars(q.ip)
 		if withHook {
 			hk.r, hk.done = q.r, false
 			vars[hookVarKey] = hk
@@ -51,7 +51,7 @@ func primeSelect(sel reverseproxy.Selector, pool reverseproxy.UpstreamPool, q be
 	if q.reset != nil {
 		q.reset(q.r)
 	}
-	vars := map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: q.ip}
+	vars := caddyVars(q.ip)
 	if withHook {
 		vars[hookVarKey] = &responseHook{r: q.r}
 	}

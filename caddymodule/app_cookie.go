@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stickylb/stickylb/policies/cookie"
 	"github.com/stickylb/stickylb/policies/keys"
+	"github.com/stickylb/stickylb/policies/sessions"
 )
 
 func init() {
@@ -40,7 +42,10 @@ const prefixSep = '~'
 // cookie. In learn mode the value v is remembered against the upstream that set it (a
 // bounded session table); requests whose v is not in this node's table go by the
 // consistent hash of v and are not stored (only upstreams add keys: HAProxy's
-// store-response), so a flood of invented values cannot evict real sessions.
+// store-response), so a flood of invented values cannot evict real sessions. An application
+// answers a request without its cookie with a fresh value, so cookie-less requests do add
+// keys: those evict only keys nobody came back with (the table keeps keys seen twice in its
+// protected segment), and MaxNewPerClient bounds what one client address adds.
 //
 // Both modes need the response: add the stickylb handler to the route (the Caddyfile
 // directive `stickylb`, which sorts before reverse_proxy).
@@ -56,6 +61,12 @@ type AppCookie struct {
 	// private as sticky_cookie's are (see StickyCookie.KeepCacheControl): it carries a
 	// cookie of the LB's, which a shared cache must not hand to other clients.
 	KeepCacheControl bool `json:"keep_cache_control,omitempty"`
+	// MaxNewPerClient (learn mode) bounds the new sessions one client address may start a
+	// minute: values an upstream sets past it, for a request that carried no such value, are
+	// not learned (they go by their hash, as values the table does not hold). Default
+	// sessions.DefaultNewPerClient; negative: no bound. A client is its address as Caddy
+	// determines it (trusted_proxies), an IPv6 client its /64.
+	MaxNewPerClient int `json:"max_new_per_client,omitempty"`
 	KeyedOptions
 
 	codec  *cookie.Codec
@@ -63,6 +74,7 @@ type AppCookie struct {
 	// respond is a.onResponse, bound once: a method value made per request allocates.
 	respond func(*http.Request, http.Header)
 	core    keyedCore
+	perIP   *sessions.ClientCap // learn mode: nil when unbounded
 	ttl     time.Duration
 	context string
 	varKey  string
@@ -98,8 +110,8 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 	}
 	switch a.Mode {
 	case appModePrefix:
-		if a.MaxSessions > 0 || a.Table != "" {
-			return fmt.Errorf("app_cookie %s: max_sessions and table apply to learn mode only (prefix mode keeps no table)", a.Name)
+		if a.MaxSessions > 0 || a.Table != "" || a.MaxNewPerClient != 0 {
+			return fmt.Errorf("app_cookie %s: max_sessions, max_new_per_client and table apply to learn mode only (prefix mode keeps no table)", a.Name)
 		}
 		codec, err := a.SecretOptions.codec(a.logger, "app_cookie "+a.Name)
 		if err != nil {
@@ -125,9 +137,21 @@ func (a *AppCookie) Provision(ctx caddy.Context) error {
 		if err := a.core.provision(ctx, a, &a.KeyedOptions, "app_cookie", a.context, true); err != nil {
 			return err
 		}
+		if n := a.MaxNewPerClient; n >= 0 {
+			if n == 0 {
+				n = sessions.DefaultNewPerClient
+			}
+			var err error
+			if a.perIP, err = sessions.NewClientCap(n, nil); err != nil {
+				return fmt.Errorf("app_cookie %s: max_new_per_client: %w", a.Name, err)
+			}
+		}
 	default:
 		return fmt.Errorf("app_cookie %s: mode %q: want %s or %s", a.Name, a.Mode, appModePrefix, appModeLearn)
 	}
+	// The response hook reads back which upstream answered: picks are recorded even when
+	// nothing retries.
+	a.core.picks = true
 	return nil
 }
 
@@ -219,7 +243,7 @@ func (a *AppCookie) openPrefix(prefix string, now time.Time) (*openedValue, erro
 
 // pickNew starts a session on a fallback pick; the upstream's Set-Cookie will carry it.
 func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter, reason string) *reverseproxy.Upstream {
-	u := a.core.selectUnkeyed(pool, r, w)
+	u := a.core.selectUnkeyed(requestVars(r), pool, r, w)
 	if u == nil {
 		return nil
 	}
@@ -233,10 +257,11 @@ func (a *AppCookie) pickNew(pool reverseproxy.UpstreamPool, r *http.Request, w h
 
 func (a *AppCookie) selectLearn(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	v, ok := requestCookie(r.Header, a.Name)
+	vars := requestVars(r)
 	if !ok || v == "" || len(v) > keys.MaxValueLen {
-		return a.core.selectUnkeyed(pool, r, w)
+		return a.core.selectUnkeyed(vars, pool, r, w)
 	}
-	return a.core.selectKey(pool, r, a.key(v))
+	return a.core.selectKey(vars, pool, a.key(v))
 }
 
 // key is the table and hash key of an application value: the value itself, or a digest
@@ -268,7 +293,7 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 				}
 				continue
 			}
-			if len(value) <= keys.MaxValueLen {
+			if len(value) <= keys.MaxValueLen && a.admit(r, value) {
 				a.core.learn(a.key(value), served)
 			}
 		default:
@@ -292,6 +317,24 @@ func (a *AppCookie) onResponse(r *http.Request, h http.Header) {
 	if prefixed && !a.KeepCacheControl {
 		makePrivate(h)
 	}
+}
+
+// admit says whether learn mode may learn value, set by the upstream for request r: a value
+// the request carried is a session going on; a new one counts against the client's
+// max_new_per_client.
+func (a *AppCookie) admit(r *http.Request, value string) bool {
+	if a.perIP == nil {
+		return true
+	}
+	if v, ok := requestCookie(r.Header, a.Name); ok && v == value {
+		return true
+	}
+	client, _ := netip.ParseAddr(clientIP(requestVars(r)))
+	if a.perIP.Admit(client) {
+		return true
+	}
+	a.core.stats.capped.Add(1)
+	return false
 }
 
 // splitSetCookie splits a Set-Cookie line into its value and the attributes that follow

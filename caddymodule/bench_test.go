@@ -2,13 +2,16 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -67,6 +70,13 @@ type benchReq struct {
 	reset func(r *http.Request)
 }
 
+// caddyVars returns the vars Caddy's server gives a request from clientIP before any handler
+// runs (prepareRequest: whether a trusted proxy sent it, the client's IP, and the time the
+// request began, a clock read of Caddy's own).
+func caddyVars(clientIP string) map[string]any {
+	return map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: clientIP, startTimeVarKey: time.Now()}
+}
+
 // runSelect times Select over 256 prepared requests. Each gets fresh vars holding what
 // Caddy's server puts there (so the map is as large as in Caddy), and the request's hook
 // when the policy needs the stickylb handler.
@@ -80,7 +90,7 @@ func runSelect(b *testing.B, sel reverseproxy.Selector, src poolSource, reqs []b
 		if q.reset != nil {
 			q.reset(q.r)
 		}
-		vars := map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: q.ip}
+		vars := caddyVars(q.ip)
 		if withHook {
 			hk.r, hk.done = q.r, false
 			vars[hookVarKey] = hk
@@ -136,13 +146,11 @@ func appCookieRequests(b testing.TB, a *AppCookie, pool reverseproxy.UpstreamPoo
 func BenchmarkCookie(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
-			provision(b, s)
+			s := inProxy(b, "sticky_cookie", &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}, nil)
 			runSelect(b, s, src, cookieRequests(b, s, src(0), "lb_session"), false)
 		})
 		b.Run("impl=stickylb-app_cookie", func(b *testing.B) {
-			a := &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
-			provision(b, a)
+			a := inProxy(b, "app_cookie", &AppCookie{Name: "JSESSIONID", SecretOptions: SecretOptions{Secrets: []string{testSecret}}}, nil).(*AppCookie)
 			reqs := appCookieRequests(b, a, src(0))
 			for i := range reqs {
 				line := reqs[i].r.Header.Get("Cookie")
@@ -151,13 +159,11 @@ func BenchmarkCookie(b *testing.B) {
 			runSelect(b, a, src, reqs, true)
 		})
 		b.Run("impl=stickylb-app_cookie_learn", func(b *testing.B) {
-			a := &AppCookie{Name: "JSESSIONID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: b.Name()}}
-			provision(b, a)
+			a := inProxy(b, "app_cookie", &AppCookie{Name: "JSESSIONID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: b.Name()}}, nil).(*AppCookie)
 			runSelect(b, a, src, appCookieRequests(b, a, src(0)), true)
 		})
 		b.Run("impl=caddy", func(b *testing.B) {
-			s := &reverseproxy.CookieHashSelection{Name: "lb", Secret: testSecret}
-			provision(b, s)
+			s := inProxy(b, "cookie", &reverseproxy.CookieHashSelection{Name: "lb", Secret: testSecret}, nil)
 			runSelect(b, s, src, cookieRequests(b, s, src(0), "lb"), false)
 		})
 	})
@@ -167,37 +173,65 @@ func BenchmarkCookie(b *testing.B) {
 func BenchmarkCookieMiss(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		b.Run("impl=stickylb", func(b *testing.B) {
-			s := &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}
-			provision(b, s)
+			s := inProxy(b, "sticky_cookie", &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}}, nil)
 			runSelect(b, s, src, plainRequests(nil), false)
 		})
 		b.Run("impl=caddy", func(b *testing.B) {
-			s := &reverseproxy.CookieHashSelection{Name: "lb", Secret: testSecret}
-			provision(b, s)
+			s := inProxy(b, "cookie", &reverseproxy.CookieHashSelection{Name: "lb", Secret: testSecret}, nil)
 			runSelect(b, s, src, plainRequests(nil), false)
 		})
 	})
 }
 
-// benchArm is one side of a comparison: a selector made for its sub-benchmark (a table of
-// stickylb's is named for it).
+// benchArm is one side of a comparison: a selection policy's module name and config (made
+// for its sub-benchmark: a table of stickylb's is named for it), provisioned in a
+// reverse_proxy handler with retries lb_retries (0, Caddy's default: none; stickylb's
+// policies record their picks for retries only when there are).
 type benchArm struct {
-	impl string
-	sel  func(b *testing.B) reverseproxy.Selector
+	impl    string
+	name    string
+	cfg     func(b *testing.B) any
+	retries int
 }
 
-// runArms runs each arm as sub-benchmark impl=<impl> over src and reqs, provisioning its
-// selector first when it has a Provision (Caddy's does for a module in a config).
+// runArms runs each arm as sub-benchmark impl=<impl> over src and reqs.
 func runArms(b *testing.B, src poolSource, reqs []benchReq, arms ...benchArm) {
 	for _, a := range arms {
 		b.Run("impl="+a.impl, func(b *testing.B) {
-			s := a.sel(b)
-			if p, ok := s.(caddy.Provisioner); ok {
-				provision(b, p)
+			var lb map[string]any
+			if a.retries > 0 {
+				lb = map[string]any{"retries": a.retries}
 			}
-			runSelect(b, s, src, reqs, false)
+			runSelect(b, inProxy(b, a.name, a.cfg(b), lb), src, reqs, false)
 		})
 	}
+}
+
+// inProxy returns the selection policy cfg (module name) as Caddy provisions it: loaded by a
+// reverse_proxy handler, in the context of a running config, so that it sees its handler's
+// load balancing (lb: more fields of it, such as retries; nil: Caddy's defaults). The
+// handler and the policy are cleaned up when tb ends.
+func inProxy(tb testing.TB, name string, cfg any, lb map[string]any) reverseproxy.Selector {
+	tb.Helper()
+	// A no-op when this config already runs; another test's config, or none, is replaced.
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), false); err != nil {
+		tb.Fatalf("loading an empty Caddy config: %v", err)
+	}
+	balancing := map[string]any{"selection_policy": caddyconfig.JSONModuleObject(cfg, "policy", name, nil)}
+	for k, v := range lb {
+		balancing[k] = v
+	}
+	raw, err := json.Marshal(map[string]any{"upstreams": []map[string]string{{"dial": "127.0.0.1:9"}}, "load_balancing": balancing})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	tb.Cleanup(cancel)
+	mod, err := ctx.LoadModuleByID("http.handlers.reverse_proxy", raw)
+	if err != nil {
+		tb.Fatalf("provisioning %s in a reverse_proxy handler: %v", name, err)
+	}
+	return mod.(*reverseproxy.Handler).LoadBalancing.SelectionPolicy
 }
 
 // BenchmarkClientIP: sticky_ip (Maglev, O(1)) against Caddy's client_ip_hash (rendezvous
@@ -205,8 +239,9 @@ func runArms(b *testing.B, src poolSource, reqs []benchReq, arms ...benchArm) {
 func BenchmarkClientIP(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		runArms(b, src, plainRequests(nil),
-			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector { return &StickyIP{} }},
-			benchArm{"caddy", func(*testing.B) reverseproxy.Selector { return reverseproxy.ClientIPHashSelection{} }})
+			benchArm{impl: "stickylb", name: "sticky_ip", cfg: func(*testing.B) any { return &StickyIP{} }},
+			benchArm{impl: "stickylb-retries", name: "sticky_ip", cfg: func(*testing.B) any { return &StickyIP{} }, retries: 2},
+			benchArm{impl: "caddy", name: "client_ip_hash", cfg: func(*testing.B) any { return reverseproxy.ClientIPHashSelection{} }})
 	})
 }
 
@@ -215,14 +250,16 @@ func BenchmarkClientIP(b *testing.B) {
 func BenchmarkHeader(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		reqs := plainRequests(func(i int, r *http.Request) { r.Header.Set("X-Session", fmt.Sprintf("session-%08d", i)) })
+		noTable := func(*testing.B) any {
+			return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}}
+		}
 		runArms(b, src, reqs,
-			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector {
-				return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}}
-			}},
-			benchArm{"stickylb-table", func(b *testing.B) reverseproxy.Selector {
+			benchArm{impl: "stickylb", name: "sticky_header", cfg: noTable},
+			benchArm{impl: "stickylb-retries", name: "sticky_header", cfg: noTable, retries: 2},
+			benchArm{impl: "stickylb-table", name: "sticky_header", cfg: func(b *testing.B) any {
 				return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{Table: b.Name()}}
 			}},
-			benchArm{"caddy", func(*testing.B) reverseproxy.Selector { return &reverseproxy.HeaderHashSelection{Field: "X-Session"} }})
+			benchArm{impl: "caddy", name: "header", cfg: func(*testing.B) any { return &reverseproxy.HeaderHashSelection{Field: "X-Session"} }})
 	})
 }
 
@@ -234,14 +271,14 @@ func BenchmarkURL(b *testing.B) {
 			r.RequestURI = "/app?" + r.URL.RawQuery
 		})
 		runArms(b, src, reqs,
-			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector {
+			benchArm{impl: "stickylb", name: "sticky_url", cfg: func(*testing.B) any {
 				return &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{NoTable: true}}
 			}},
-			benchArm{"stickylb-table", func(b *testing.B) reverseproxy.Selector {
+			benchArm{impl: "stickylb-table", name: "sticky_url", cfg: func(b *testing.B) any {
 				return &StickyURL{Query: "sid", KeyedOptions: KeyedOptions{Table: b.Name()}}
 			}},
-			benchArm{"caddy-query", func(*testing.B) reverseproxy.Selector { return &reverseproxy.QueryHashSelection{Key: "sid"} }},
-			benchArm{"caddy-uri_hash", func(*testing.B) reverseproxy.Selector { return reverseproxy.URIHashSelection{} }})
+			benchArm{impl: "caddy-query", name: "query", cfg: func(*testing.B) any { return &reverseproxy.QueryHashSelection{Key: "sid"} }},
+			benchArm{impl: "caddy-uri_hash", name: "uri_hash", cfg: func(*testing.B) any { return reverseproxy.URIHashSelection{} }})
 	})
 }
 
@@ -250,8 +287,9 @@ func BenchmarkURL(b *testing.B) {
 func BenchmarkLeastConn(b *testing.B) {
 	benchPools(b, func(b *testing.B, src poolSource) {
 		runArms(b, src, plainRequests(nil),
-			benchArm{"stickylb", func(*testing.B) reverseproxy.Selector { return &WeightedLeastConn{} }},
-			benchArm{"caddy", func(*testing.B) reverseproxy.Selector { return reverseproxy.LeastConnSelection{} }})
+			benchArm{impl: "stickylb", name: "weighted_least_conn", cfg: func(*testing.B) any { return &WeightedLeastConn{} }},
+			benchArm{impl: "stickylb-retries", name: "weighted_least_conn", cfg: func(*testing.B) any { return &WeightedLeastConn{} }, retries: 2},
+			benchArm{impl: "caddy", name: "least_conn", cfg: func(*testing.B) any { return reverseproxy.LeastConnSelection{} }})
 	})
 }
 
@@ -262,8 +300,7 @@ func BenchmarkFloor(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		q := &reqs[i&255]
-		vars := map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: q.ip}
-		r := q.r.WithContext(context.WithValue(q.r.Context(), caddyhttp.VarsCtxKey, vars))
+		r := q.r.WithContext(context.WithValue(q.r.Context(), caddyhttp.VarsCtxKey, caddyVars(q.ip)))
 		if r == nil {
 			b.Fatal()
 		}

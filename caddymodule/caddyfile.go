@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/stickylb/stickylb/policies/chash"
+	"github.com/stickylb/stickylb/policies/sessions"
 )
 
 // Caddyfile syntax of the selection policies, used as `lb_policy <name> ...` inside
@@ -273,6 +274,7 @@ func (s *StickyCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    ttl           <duration>       # learn: table TTL; prefix: lifetime of the prefix (default 30m)
 //	    keep_cache_control             # prefix mode; default: responses whose cookie is prefixed are private
 //	    max_sessions  <n>              # learn mode
+//	    max_new_per_client <n>|off     # learn mode: new sessions a client address starts a minute (default 60)
 //	    table         <name>           # learn mode: share a table between handlers
 //	    hash          maglev|ring      # learn mode: for values not in the table
 //	    table_size / min_ring_size / max_ring_size / virtual_nodes / max_key_length <n>
@@ -312,6 +314,20 @@ func (a *AppCookie) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			a.KeepCacheControl = true
+		case "max_new_per_client":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "off" {
+				a.MaxNewPerClient = -1
+				break
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > sessions.MaxNewPerClient {
+				return d.Errf("max_new_per_client: %q: want a number from 1 to %d, or off", v, sessions.MaxNewPerClient)
+			}
+			a.MaxNewPerClient = n
 		default:
 			handled, err := keyedOption(d, &a.KeyedOptions)
 			if err != nil {

@@ -387,3 +387,103 @@ func TestOpenCacheNeverServesTamperedPrefix(t *testing.T) {
 		t.Fatal("an expired prefix was served from the cache")
 	}
 }
+
+// TestPicksRecordedOnlyWhenRetried: provisioned by a reverse_proxy handler, as Caddy does,
+// a policy records its picks in the request's vars only when the handler may call Select
+// again for the request (lb_retries, lb_try_duration): then a retry avoids the upstream
+// that failed. Without retries nothing would read the record, and none is written. app_cookie
+// records either way: its response hook reads which upstream answered.
+func TestPicksRecordedOnlyWhenRetried(t *testing.T) {
+	base := testPool(3)
+	cases := []struct {
+		name string
+		cfg  func() any
+		req  func() *http.Request
+	}{
+		{"sticky_ip", func() any { return &StickyIP{} }, func() *http.Request {
+			r := request("/")
+			requestVars(r)[caddyhttp.ClientIPVarKey] = "192.0.2.7"
+			return r
+		}},
+		{"sticky_header", func() any { return &StickyHeader{Name: "X-Session", KeyedOptions: KeyedOptions{NoTable: true}} }, func() *http.Request {
+			r := request("/")
+			r.Header.Set("X-Session", "user-7")
+			return r
+		}},
+		{"weighted_least_conn", func() any { return &WeightedLeastConn{} }, func() *http.Request { return request("/") }},
+		{"sticky_cookie", func() any { return &StickyCookie{SecretOptions: SecretOptions{Secrets: []string{testSecret}}} }, func() *http.Request { return request("/") }},
+	}
+	balancing := []struct {
+		name  string
+		lb    map[string]any
+		retry bool
+	}{
+		{"no retries", nil, false},
+		{"lb_retries", map[string]any{"retries": 2}, true},
+		{"lb_try_duration", map[string]any{"try_duration": "5s"}, true},
+	}
+	for _, tc := range cases {
+		for _, b := range balancing {
+			t.Run(tc.name+"/"+b.name, func(t *testing.T) {
+				sel := inProxy(t, tc.name, tc.cfg(), b.lb)
+				r := tc.req()
+				first := sel.Select(freshPool(base), r, httptest.NewRecorder())
+				if _, recorded := requestVars(r)[triedVarKey]; first == nil || recorded != b.retry {
+					t.Fatalf("picked %v; pick recorded %v, want %v", first, recorded, b.retry)
+				}
+				if !b.retry {
+					return
+				}
+				second := sel.Select(freshPool(base), r, httptest.NewRecorder())
+				if second == nil || second.Dial == first.Dial {
+					t.Fatalf("the retry went to %v after %s failed", second, first.Dial)
+				}
+			})
+		}
+	}
+	learn := inProxy(t, "app_cookie", &AppCookie{Name: "JSESSIONID", Mode: appModeLearn, KeyedOptions: KeyedOptions{Table: t.Name()}}, nil)
+	r, _ := hookedRequest("JSESSIONID=some-value")
+	if u := learn.Select(base, r, httptest.NewRecorder()); u == nil || triedFor(r).last() != u {
+		t.Fatalf("app_cookie without retries: picked %v, recorded %v", u, triedFor(r).last())
+	}
+}
+
+// TestEligibilityCheckGoesByRequestStart: the once-a-second check that a hash table's
+// upstreams are still the eligible ones goes by when each request began, as Caddy's server
+// recorded it in the request's vars: the policy reads no clock of its own. A pool whose
+// third upstream was replaced is seen by the first request that began a second after the
+// last check, and not before.
+func TestEligibilityCheckGoesByRequestStart(t *testing.T) {
+	s := &StickyIP{}
+	provision(t, s)
+	s.core.hasher.now = func() time.Time {
+		t.Error("the policy read the clock though the request carries its start")
+		return time.Now()
+	}
+	before := testPool(3)
+	after := append(testPool(2), &reverseproxy.Upstream{Host: new(reverseproxy.Host), Dial: "10.0.0.9:80"})
+	start := time.Unix(2_000_000_000, 0)
+	sel := func(pool reverseproxy.UpstreamPool, ip string, at time.Duration) *reverseproxy.Upstream {
+		r := request("/")
+		vars := requestVars(r)
+		vars[caddyhttp.ClientIPVarKey], vars[startTimeVarKey] = ip, start.Add(at)
+		return s.Select(pool, r, nil)
+	}
+	// A client on an upstream both pools hold: its picks never run into the change.
+	ip := ""
+	for i := 0; i < 100 && ip == ""; i++ {
+		if c := fmt.Sprintf("192.0.2.%d", i); sel(before, c, 0) != before[2] {
+			ip = c
+		}
+	}
+	if ip == "" {
+		t.Fatal("no client hashed away from the third upstream in 100")
+	}
+	built := s.core.hasher.rebuilds.Load()
+	if sel(after, ip, 900*time.Millisecond); s.core.hasher.rebuilds.Load() != built {
+		t.Fatal("the table was rebuilt by a request that began within a second of the last check")
+	}
+	if sel(after, ip, 1100*time.Millisecond); s.core.hasher.rebuilds.Load() != built+1 {
+		t.Fatal("a request that began a second after the last check did not find the changed pool")
+	}
+}

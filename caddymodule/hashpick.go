@@ -137,9 +137,13 @@ func (s *hashSnap) at(pool reverseproxy.UpstreamPool, i int) *reverseproxy.Upstr
 }
 
 // pick returns the upstream for key hash h that may take a new session and that this
-// request has not tried, or nil when none can.
-func (p *hashPicker) pick(pool reverseproxy.UpstreamPool, h uint64, t tried) *reverseproxy.Upstream {
-	s := p.snapshot(pool)
+// request has not tried, or nil when none can. at is when the request began (zero: now),
+// which the once-a-revalidateEvery eligibility check compares with its last run.
+func (p *hashPicker) pick(pool reverseproxy.UpstreamPool, h uint64, t tried, at time.Time) *reverseproxy.Upstream {
+	if at.IsZero() {
+		at = p.now()
+	}
+	s := p.snapshot(pool, at)
 	if s == nil || s.picker == nil {
 		return nil
 	}
@@ -149,7 +153,7 @@ func (p *hashPicker) pick(pool reverseproxy.UpstreamPool, h uint64, t tried) *re
 	}
 	if u == nil || !usableForNew(u) {
 		// The table is out of date: rebuild over what is eligible now, as Envoy would.
-		if s = p.rebuild(pool, s); s == nil || s.picker == nil {
+		if s = p.rebuild(pool, s, at); s == nil || s.picker == nil {
 			return nil
 		}
 		u = s.at(pool, p.first(s, pool, h))
@@ -194,21 +198,21 @@ func (p *hashPicker) first(s *hashSnap, pool reverseproxy.UpstreamPool, h uint64
 }
 
 // snapshot returns the current table, rebuilding it when the pool's length, the drain
-// set or the control plane's weights changed or when the periodic eligibility check finds
-// a difference.
-func (p *hashPicker) snapshot(pool reverseproxy.UpstreamPool) *hashSnap {
+// set or the control plane's weights changed or when the periodic eligibility check (due
+// when at, the request's start, is revalidateEvery past the last) finds a difference.
+func (p *hashPicker) snapshot(pool reverseproxy.UpstreamPool, at time.Time) *hashSnap {
 	if len(pool) == 0 {
 		return nil
 	}
 	s := p.cur.Load()
 	if s == nil || s.n != len(pool) || s.drainGen != drains.generation() || s.weights != xdsTable.current() {
-		return p.rebuild(pool, s)
+		return p.rebuild(pool, s, at)
 	}
-	now := p.now().UnixNano()
+	now := at.UnixNano()
 	last := s.checked.Load()
 	if now-last >= int64(revalidateEvery) && s.checked.CompareAndSwap(last, now) {
 		if !sameEligible(pool, s) {
-			return p.rebuild(pool, s)
+			return p.rebuild(pool, s, at)
 		}
 	}
 	return s
@@ -241,8 +245,9 @@ func sameEligible(pool reverseproxy.UpstreamPool, s *hashSnap) bool {
 // already replaced old with one that fits. With no eligible upstream the snapshot has no
 // picker (and is kept until one turns eligible, so an outage does not rebuild on every
 // request). A new weight table that gives the current hosts the weights and unit they
-// have is only recorded, without a build.
-func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *hashSnap {
+// have is only recorded, without a build. at, the request's start, is the new snapshot's
+// last eligibility check.
+func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap, at time.Time) *hashSnap {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	wt := xdsTable.current()
@@ -254,7 +259,7 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 	if fits && cur.weights != wt && cur.sameWeights(wt) {
 		s := &hashSnap{n: cur.n, drainGen: cur.drainGen, ids: cur.ids, pos: cur.pos, index: cur.index,
 			picker: cur.picker, weights: wt, w: cur.w, unit: cur.unit}
-		s.checked.Store(p.now().UnixNano())
+		s.checked.Store(at.UnixNano())
 		p.cur.Store(s)
 		return s
 	}
@@ -273,7 +278,7 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 		s.pos = append(s.pos, int32(j))
 	}
 	if len(s.ids) == 0 {
-		s.checked.Store(p.now().UnixNano())
+		s.checked.Store(at.UnixNano())
 		p.cur.Store(s)
 		return s
 	}
@@ -310,7 +315,7 @@ func (p *hashPicker) rebuild(pool reverseproxy.UpstreamPool, old *hashSnap) *has
 		// the previous table rather than fail requests.
 		return old
 	}
-	s.checked.Store(p.now().UnixNano())
+	s.checked.Store(at.UnixNano())
 	p.cur.Store(s)
 	p.rebuilds.Add(1)
 	return s

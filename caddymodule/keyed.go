@@ -84,6 +84,7 @@ type keyedCore struct {
 	// because a client sent them; a client's unknown key is hashed and not stored, so a
 	// flood of invented keys cannot evict real sessions (app_cookie learn mode).
 	learnOnly bool
+	picks     pickLog
 }
 
 // provision sets up the core. module is the policy whose embedded KeyedOptions is o (for
@@ -104,6 +105,7 @@ func (k *keyedCore) provision(ctx caddy.Context, module any, o *KeyedOptions, po
 		}
 	}
 	k.scope = name
+	k.picks = pickLog(mayRetry(ctx))
 	if useTable {
 		cfg := sessions.Config{TTL: time.Duration(o.TTL), MaxEntries: o.MaxSessions}
 		if cfg.TTL == 0 {
@@ -163,21 +165,21 @@ func (k *keyedCore) cleanup() {
 
 // selectKey returns the upstream for key: its live mapping in the table if that upstream
 // may still serve, else the key's consistent hash among the upstreams eligible for new
-// sessions (remembered in the table).
-func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, key keys.Key) *reverseproxy.Upstream {
-	t := triedFor(r)
+// sessions (remembered in the table). vars are the request's.
+func (k *keyedCore) selectKey(vars map[string]any, pool reverseproxy.UpstreamPool, key keys.Key) *reverseproxy.Upstream {
+	t := k.picks.tried(vars)
 	reason := ""
 	if k.table != nil {
 		if id, ok := k.table.Get(key.TableKey); ok {
 			var u *reverseproxy.Upstream
 			if u, reason = checkPin(&k.index, pool, id, t); u != nil {
 				k.stats.hits.Add(1)
-				recordPick(r, u)
+				k.picks.record(vars, u)
 				return u
 			}
 		}
 	}
-	u := k.hasher.pick(pool, chash.KeyHash(key.Value), t)
+	u := k.hasher.pick(pool, chash.KeyHash(key.Value), t, requestTime(vars, k.hasher.now))
 	if u == nil {
 		return nil
 	}
@@ -191,7 +193,7 @@ func (k *keyedCore) selectKey(pool reverseproxy.UpstreamPool, r *http.Request, k
 	if k.table != nil && (!k.learnOnly || reason != "") {
 		k.table.Put(key.TableKey, identity(u))
 	}
-	recordPick(r, u)
+	k.picks.record(vars, u)
 	return u
 }
 
@@ -204,16 +206,17 @@ func (k *keyedCore) learn(key keys.Key, u *reverseproxy.Upstream) {
 
 // selectExtracted picks by the key e extracts from r, or as for a request without one.
 func (k *keyedCore) selectExtracted(e keys.Extractor, pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	vars := requestVars(r)
 	key, err := e.Extract(r)
 	if err != nil {
-		return k.selectUnkeyed(pool, r, w)
+		return k.selectUnkeyed(vars, pool, r, w)
 	}
-	return k.selectKey(pool, r, key)
+	return k.selectKey(vars, pool, key)
 }
 
 // selectUnkeyed picks for a request without a key, with the fallback policy.
-func (k *keyedCore) selectUnkeyed(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	u := k.fallback.Select(poolForNew(pool, triedFor(r)), r, w)
-	recordPick(r, u)
+func (k *keyedCore) selectUnkeyed(vars map[string]any, pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	u := k.fallback.Select(poolForNew(pool, k.picks.tried(vars)), r, w)
+	k.picks.record(vars, u)
 	return u
 }

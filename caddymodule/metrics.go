@@ -20,6 +20,8 @@ var (
 		"Live mappings held by a session table.", []string{"table"}, nil)
 	descCapacity = prometheus.NewDesc("stickylb_sessions_capacity",
 		"Maximum mappings a session table holds (max_sessions).", []string{"table"}, nil)
+	descProtected = prometheus.NewDesc("stickylb_sessions_protected",
+		"Mappings of a session table in its protected segment (seen again since they were stored).", []string{"table"}, nil)
 	descTableEvents = prometheus.NewDesc("stickylb_table_events_total",
 		"Session table events: hit, miss, insert, expired, evicted, invalidated.", []string{"table", "event"}, nil)
 	descHits = prometheus.NewDesc("stickylb_hits_total",
@@ -30,6 +32,8 @@ var (
 		"Sessions moved to a new upstream, by reason.", []string{"scope", "reason"}, nil)
 	descRejections = prometheus.NewDesc("stickylb_cookie_rejections_total",
 		"Cookies or prefixes that did not open, by reason.", []string{"scope", "reason"}, nil)
+	descNewCapped = prometheus.NewDesc("stickylb_new_sessions_capped_total",
+		"New sessions not learned because their client started max_new_per_client in the minute (app_cookie learn).", []string{"scope"}, nil)
 	descSlowStart = prometheus.NewDesc("stickylb_slow_start_weight_ratio",
 		"Share of its configured weight an upstream gets under slow start (1 = fully ramped).", []string{"upstream"}, nil)
 	descDrained = prometheus.NewDesc("stickylb_upstream_drained",
@@ -38,8 +42,8 @@ var (
 
 // Describe implements prometheus.Collector.
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSessions, descCapacity, descTableEvents, descHits, descMisses,
-		descRepins, descRejections, descSlowStart, descDrained} {
+	for _, d := range []*prometheus.Desc{descSessions, descCapacity, descProtected, descTableEvents, descHits, descMisses,
+		descRepins, descRejections, descNewCapped, descSlowStart, descDrained} {
 		ch <- d
 	}
 }
@@ -50,6 +54,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		st := t.Stats()
 		ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(st.Entries), name)
 		ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(st.Capacity), name)
+		ch <- prometheus.MustNewConstMetric(descProtected, prometheus.GaugeValue, float64(st.Protected), name)
 		for ev, v := range map[string]uint64{"hit": st.Hits, "miss": st.Misses, "insert": st.Inserts,
 			"expired": st.Expired, "evicted": st.Evicted, "invalidated": st.Invalidated} {
 			ch <- prometheus.MustNewConstMetric(descTableEvents, prometheus.CounterValue, float64(v), name, ev)
@@ -58,6 +63,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	eachScope(func(name string, s *scopeStats) {
 		ch <- prometheus.MustNewConstMetric(descHits, prometheus.CounterValue, float64(s.hits.Load()), name)
 		ch <- prometheus.MustNewConstMetric(descMisses, prometheus.CounterValue, float64(s.misses.Load()), name)
+		ch <- prometheus.MustNewConstMetric(descNewCapped, prometheus.CounterValue, float64(s.capped.Load()), name)
 		for reason, v := range s.repins.snapshot(repinReasons) {
 			ch <- prometheus.MustNewConstMetric(descRepins, prometheus.CounterValue, float64(v), name, reason)
 		}

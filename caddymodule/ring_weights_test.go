@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -59,6 +60,7 @@ func TestRingAgreementCaddyGRPCWeighted(t *testing.T) {
 			server  %s
 			service api
 			node_id agree-w/caddy
+			allow_loopback
 		}
 		lb_policy sticky_header X-Session {
 			hash ring
@@ -117,7 +119,7 @@ func agreesWith(t *testing.T, what string, p *hashPicker, pool reverseproxy.Upst
 	counts := map[string]int{}
 	for i := range 2000 {
 		h := chash.KeyHash(fmt.Sprintf("k-%d", i))
-		u := p.pick(pool, h, tried{})
+		u := p.pick(pool, h, tried{}, time.Time{})
 		if u == nil || u != pool[want.Pick(h)] {
 			t.Fatalf("%s: key k-%d went to %v, the weighted table says %s", what, i, u, pool[want.Pick(h)].Dial)
 		}
@@ -208,7 +210,7 @@ func TestWeightChangeRebuildsTheTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 100 {
-		p.pick(freshPool(pool), chash.KeyHash(fmt.Sprint(i)), tried{})
+		p.pick(freshPool(pool), chash.KeyHash(fmt.Sprint(i)), tried{}, time.Time{})
 	}
 	if n := p.rebuilds.Load(); n != 1 {
 		t.Fatalf("%d builds for one pool and one weight table, want 1", n)
@@ -287,7 +289,7 @@ func TestWeightChangesUnderConcurrentPicks(t *testing.T) {
 					return
 				default:
 				}
-				if u := p.pick(freshPool(pool), chash.KeyHash(fmt.Sprint(g, "-", i)), tried{}); u == nil {
+				if u := p.pick(freshPool(pool), chash.KeyHash(fmt.Sprint(g, "-", i)), tried{}, time.Time{}); u == nil {
 					errs <- fmt.Errorf("goroutine %d: no pick", g)
 					return
 				}

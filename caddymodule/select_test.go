@@ -590,3 +590,29 @@ func TestSecretSources(t *testing.T) {
 		t.Fatalf("demo flag with a secret: %v %v", c, err)
 	}
 }
+
+// TestWeightedLeastConnUniformTiesTakeTurns: with every upstream of weight 1, idle upstreams
+// tie and take their turns in pool order, as the weighted scan's smooth round robin gives
+// them (a static pool, and a fresh pool per request naming the same upstreams); one the
+// request already tried is skipped.
+func TestWeightedLeastConnUniformTiesTakeTurns(t *testing.T) {
+	p := &WeightedLeastConn{}
+	provision(t, p)
+	pool := testPool(20) // more than the ties a scan remembers
+	for i := 0; i < 60; i++ {
+		src := pool
+		if i%2 == 1 {
+			src = freshPool(pool)
+		}
+		if got := p.Select(src, request("/"), nil); got.Dial != pool[i%20].Dial {
+			t.Fatalf("pick %d went to %s, want %s", i, got.Dial, pool[i%20].Dial)
+		}
+	}
+	for i := 0; i < 40; i++ {
+		r := request("/")
+		recordIn(requestVars(r), pool[0])
+		if got := p.Select(pool, r, nil); got == nil || got.Dial == pool[0].Dial {
+			t.Fatalf("a retry went back to %v", got)
+		}
+	}
+}

@@ -26,8 +26,11 @@ var rejectReasons = []string{"auth", "expired", "malformed", "unknown_key", "ver
 // cookie rejections by reason. Lock-free: it is updated on every request.
 type scopeStats struct {
 	hits, misses atomic.Uint64
-	repins       counterSet
-	rejections   counterSet
+	// capped counts values an upstream set that learn mode did not learn: the client was
+	// over max_new_per_client.
+	capped     atomic.Uint64
+	repins     counterSet
+	rejections counterSet
 }
 
 func (s *scopeStats) reject(reason string) { s.rejections.add(reason) }

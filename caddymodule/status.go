@@ -313,6 +313,9 @@ func collectStatus(ctx caddy.Context, st *statusState, now time.Time) *status.Sn
 		snap.Notes = append(snap.Notes, "No stickylb_status handler is configured: health changes and "+
 			"new-session rates are not recorded (n/a).")
 	}
+	for _, f := range xdsFeeds() {
+		snap.AddFeed(f)
+	}
 	app := httpApp(ctx)
 	if app == nil {
 		snap.Services = []status.Service{}

@@ -78,6 +78,7 @@ type StickyCookie struct {
 	scope    string
 	logger   *zap.Logger
 	now      func() time.Time
+	picks    pickLog
 }
 
 // CaddyModule returns the Caddy module information.
@@ -92,6 +93,7 @@ func (*StickyCookie) CaddyModule() caddy.ModuleInfo {
 func (s *StickyCookie) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	s.now = time.Now
+	s.picks = pickLog(mayRetry(ctx))
 	if s.Name == "" {
 		s.Name = defaultCookieName
 	}
@@ -173,8 +175,9 @@ func (s *StickyCookie) Cleanup() error {
 // Select returns the upstream the client's cookie names if it may still serve the
 // session, else picks one with the fallback policy and sets a fresh cookie.
 func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	t := triedFor(r)
-	now := s.now()
+	vars := requestVars(r)
+	t := s.picks.tried(vars)
+	now := requestTime(vars, s.now)
 	reason := ""
 	if v, ok := requestCookie(r.Header, s.Name); ok && v != "" {
 		id, expires, err := s.open(v, now)
@@ -194,7 +197,7 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 				if expires.IsZero() || expires.Sub(now) < s.ttl/2 {
 					s.setCookie(r, w, u, now)
 				}
-				recordPick(r, u)
+				s.picks.record(vars, u)
 				return u
 			}
 		}
@@ -209,7 +212,7 @@ func (s *StickyCookie) Select(pool reverseproxy.UpstreamPool, r *http.Request, w
 		s.stats.misses.Add(1)
 	}
 	s.setCookie(r, w, u, now)
-	recordPick(r, u)
+	s.picks.record(vars, u)
 	return u
 }
 

@@ -167,17 +167,19 @@ func (s *StickyIP) Cleanup() error { s.core.cleanup(); return nil }
 
 // Select returns the upstream of the client's IP.
 func (s *StickyIP) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	ip := clientIP(r)
+	vars := requestVars(r)
+	ip := clientIP(vars)
 	if ip == "" {
-		return s.core.selectUnkeyed(pool, r, w)
+		return s.core.selectUnkeyed(vars, pool, r, w)
 	}
-	return s.core.selectKey(pool, r, keys.Key{Value: ip, TableKey: ip})
+	return s.core.selectKey(vars, pool, keys.Key{Value: ip, TableKey: ip})
 }
 
-// clientIP returns the client's address as Envoy prints it (an IPv4-mapped IPv6 address as
-// IPv4, IPv6 in RFC 5952 form, no zone), or "" when Caddy could not tell.
-func clientIP(r *http.Request) string {
-	s, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+// clientIP returns the client's address in the request's vars as Envoy prints it (an
+// IPv4-mapped IPv6 address as IPv4, IPv6 in RFC 5952 form, no zone), or "" when Caddy could
+// not tell.
+func clientIP(vars map[string]any) string {
+	s, _ := vars[caddyhttp.ClientIPVarKey].(string)
 	if s == "" {
 		return ""
 	}

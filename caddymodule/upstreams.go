@@ -3,7 +3,9 @@ package caddymodule
 import (
 	"net/http"
 	"sync/atomic"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -126,6 +128,67 @@ func usableForNew(u *reverseproxy.Upstream) bool {
 	return u.Available() && !drains.drained(identity(u))
 }
 
+// Request variables. A policy reads what it needs of the request's vars (the client IP, the
+// request's start time, its earlier picks) after one lookup of the vars map, rather than
+// through caddyhttp.GetVar and SetVar, each of which walks the request's context (several
+// layers deep in Caddy's handler chain).
+
+// requestVars returns the vars map Caddy's server gives every request, or nil outside
+// Caddy's handler chain (reading a nil map finds nothing; recordIn writes nothing to it).
+func requestVars(r *http.Request) map[string]any {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	return vars
+}
+
+// startTimeVarKey is the var in which Caddy's server records when each request began
+// (time.Now() as it set the request up; its {http.request.duration} placeholders read it).
+const startTimeVarKey = "start_time"
+
+// requestTime returns when the request began as Caddy recorded it, or now() when the
+// request carries no start time (a request built outside Caddy's server): a policy that
+// needs a time only coarsely (once-a-second checks, cookie expiry) reads no clock of its own.
+func requestTime(vars map[string]any, now func() time.Time) time.Time {
+	if t, ok := vars[startTimeVarKey].(time.Time); ok {
+		return t
+	}
+	return now()
+}
+
+// mayRetry reports whether the reverse_proxy handler a policy is provisioned in may call
+// Select again for the same request (lb_retries or lb_try_duration set). Only then does the
+// policy record its picks in the request's vars, so that a retry avoids the upstream that
+// just failed: without retries nothing reads the record, and writing it costs a map insert
+// per request. A policy provisioned outside a reverse_proxy handler records.
+func mayRetry(ctx caddy.Context) bool {
+	mods := ctx.Modules()
+	for i := len(mods) - 1; i >= 0; i-- {
+		if h, ok := mods[i].(*reverseproxy.Handler); ok {
+			lb := h.LoadBalancing
+			return lb != nil && (lb.Retries > 0 || lb.TryDuration > 0)
+		}
+	}
+	return true
+}
+
+// pickLog says whether a policy records its picks in the request's vars: mayRetry, or the
+// policy reads the record back (app_cookie, on the response).
+type pickLog bool
+
+// tried returns the picks recorded for the request, none when the policy records none.
+func (l pickLog) tried(vars map[string]any) tried {
+	if !l {
+		return tried{}
+	}
+	return triedIn(vars)
+}
+
+// record records u when the policy records its picks.
+func (l pickLog) record(vars map[string]any, u *reverseproxy.Upstream) {
+	if l {
+		recordIn(vars, u)
+	}
+}
+
 // triedVarKey names the request variable that records this request's picks, so a retry
 // (Caddy calls Select again for the same request, with a pool that may hold new *Upstream
 // values) never returns the upstream that just failed. It holds the first pick's
@@ -146,8 +209,11 @@ type tried struct {
 }
 
 // triedFor returns the request's tried set.
-func triedFor(r *http.Request) tried {
-	switch v := caddyhttp.GetVar(r.Context(), triedVarKey).(type) {
+func triedFor(r *http.Request) tried { return triedIn(requestVars(r)) }
+
+// triedIn returns the tried set recorded in vars.
+func triedIn(vars map[string]any) tried {
+	switch v := vars[triedVarKey].(type) {
 	case *reverseproxy.Upstream:
 		return tried{one: v}
 	case *triedSet:
@@ -186,26 +252,30 @@ func (t tried) last() *reverseproxy.Upstream {
 }
 
 // recordPick adds u to the request's tried set.
-func recordPick(r *http.Request, u *reverseproxy.Upstream) {
-	if u == nil {
+func recordPick(r *http.Request, u *reverseproxy.Upstream) { recordIn(requestVars(r), u) }
+
+// recordIn adds u to the tried set in vars (read again here: a fallback policy may have
+// recorded its own pick since the caller read it).
+func recordIn(vars map[string]any, u *reverseproxy.Upstream) {
+	if u == nil || vars == nil {
 		return
 	}
-	t := triedFor(r)
+	t := triedIn(vars)
 	switch {
 	case t.empty():
-		caddyhttp.SetVar(r.Context(), triedVarKey, u)
+		vars[triedVarKey] = u
 	case t.one != nil && t.has(u):
 		// The same upstream again (a fallback records its pick, then the policy that
 		// called it): still one.
 		if t.one != u {
-			caddyhttp.SetVar(r.Context(), triedVarKey, u)
+			vars[triedVarKey] = u
 		}
 	case t.one != nil:
 		s := &triedSet{ids: []string{identity(t.one)}, last: u}
 		if !t.has(u) {
 			s.ids = append(s.ids, identity(u))
 		}
-		caddyhttp.SetVar(r.Context(), triedVarKey, s)
+		vars[triedVarKey] = s
 	default:
 		t.many.last = u
 		if !t.has(u) {

@@ -40,6 +40,9 @@ type WeightedLeastConn struct {
 	// Default: one store per distinct configuration.
 	Clocks string `json:"clocks,omitempty"`
 
+	// turn rotates ties among equally weighted upstreams, ties is how many the last scan
+	// found (selectUniform).
+	turn, ties atomic.Uint64
 	// mu guards the scan's scratch and the tie-break credits, by pool position.
 	mu       sync.Mutex
 	load     []float64 // per position: in-flight / weight, or -1 when not eligible
@@ -49,6 +52,7 @@ type WeightedLeastConn struct {
 	clocks   *clockStore
 	clockKey string
 	now      func() time.Time
+	picks    pickLog
 }
 
 // CaddyModule returns the Caddy module information.
@@ -68,6 +72,7 @@ const (
 // Provision sets up the policy.
 func (p *WeightedLeastConn) Provision(ctx caddy.Context) error {
 	p.now = time.Now
+	p.picks = pickLog(mayRetry(ctx))
 	aggr := p.Aggression
 	if aggr == 0 {
 		aggr = defaultAggression
@@ -148,12 +153,20 @@ func (p *WeightedLeastConn) weight(i int, u *reverseproxy.Upstream) float64 {
 // its cost per upstream is what makes it as cheap as Caddy's least_conn (which breaks ties
 // with a random draw per tied upstream).
 func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
-	t := triedFor(r)
+	var vars map[string]any
+	if p.picks {
+		vars = requestVars(r)
+	}
+	t := p.picks.tried(vars)
 	var now time.Time
 	if p.clocks != nil {
 		now = p.now()
 	}
-	uniform := len(p.Weights) == 0 && len(p.WeightsByAddress) == 0 && p.clocks == nil && !xdsTable.hasWeights()
+	if len(p.Weights) == 0 && len(p.WeightsByAddress) == 0 && p.clocks == nil && !xdsTable.hasWeights() {
+		u := p.selectUniform(pool, t)
+		p.picks.record(vars, u)
+		return u
+	}
 	n := len(pool)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -167,20 +180,17 @@ func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Reque
 		if u == nil || !usableForNew(u) || (!t.empty() && t.has(u)) {
 			continue
 		}
-		w := 1.0
-		if !uniform {
-			base := p.weight(i, u)
-			w = base
-			if p.clocks != nil {
-				since := p.clocks.observe(identity(u), u.Healthy(), now)
-				w = p.ss.Weight(base, since, now)
-				if w > 0 {
-					p.clocks.record(identity(u), w/base)
-				}
+		base := p.weight(i, u)
+		w := base
+		if p.clocks != nil {
+			since := p.clocks.observe(identity(u), u.Healthy(), now)
+			w = p.ss.Weight(base, since, now)
+			if w > 0 {
+				p.clocks.record(identity(u), w/base)
 			}
-			if w <= 0 {
-				continue
-			}
+		}
+		if w <= 0 {
+			continue
 		}
 		l := float64(u.NumRequests()) / w
 		p.load[i], p.weights[i] = l, w
@@ -208,7 +218,43 @@ func (p *WeightedLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Reque
 	}
 	// Recorded so that a retry of this request (directly under reverse_proxy, or as the
 	// fallback of a sticky policy) skips it.
-	recordPick(r, pool[pick])
+	p.picks.record(vars, pool[pick])
+	return pool[pick]
+}
+
+// selectUniform is Select when every upstream weighs 1 (no weights, no slow start, no
+// control-plane weights): the eligible upstream with the fewest in-flight requests, ties in
+// turn by position, which is what the weighted scan's smooth round robin does with equal
+// weights. One scan, no lock, no float: the turn is an atomic counter taken modulo the ties
+// the previous scan found (while they stay the same, exactly round robin; when they change,
+// a turn past the new ones goes to the first of them).
+func (p *WeightedLeastConn) selectUniform(pool reverseproxy.UpstreamPool, t tried) *reverseproxy.Upstream {
+	want := int((p.turn.Add(1) - 1) % uint64(max(1, p.ties.Load())))
+	// usableForNew and the tried check, their loop invariants read once.
+	drained, retry := !drains.empty.Load(), !t.empty()
+	least, ties, pick, first := -1, 0, -1, -1
+	for i, u := range pool {
+		if u == nil || !u.Available() || (drained && drains.drained(identity(u))) || (retry && t.has(u)) {
+			continue
+		}
+		n := u.NumRequests()
+		if least < 0 || n < least {
+			least, ties, pick, first = n, 0, -1, i
+		}
+		if n == least {
+			if ties == want {
+				pick = i
+			}
+			ties++
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	p.ties.Store(uint64(ties))
+	if pick < 0 {
+		pick = first
+	}
 	return pool[pick]
 }
 

@@ -164,6 +164,7 @@ func loadXDSCaddy(t *testing.T, port int, server string) {
 			server  %s
 			service api
 			node_id e2e/caddy
+			allow_loopback
 		}
 		lb_policy sticky_cookie {
 			secret {env.STICKYLB_XDS_TEST_SECRET}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/stickylb/stickylb/adsclient"
+	"github.com/stickylb/stickylb/internal/testkit/testcert"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
@@ -53,5 +54,24 @@ func TestXDSSourceLogsKeysOnce(t *testing.T) {
 		if m := e.ContextMap(); m["xds_server"] != closed || m["node"] != "n1/caddy" {
 			t.Errorf("%q: server %v, node %v", e.Message, m["xds_server"], m["node"])
 		}
+	}
+	if n := logs.FilterLevelExact(zap.WarnLevel).FilterMessageSnippet("no TLS").Len(); n != 1 {
+		t.Errorf("a stream without TLS: %d warnings saying so, want 1", n)
+	}
+}
+
+// TestXDSSourceTLSNoWarning: a source with TLS says nothing of it.
+func TestXDSSourceTLSNoWarning(t *testing.T) {
+	dir := t.TempDir()
+	caFile := testcert.NewCA(t, "test CA").WriteCA(filepath.Join(dir, "ca.pem"))
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := adsclient.Config{Server: "127.0.0.1:1", NodeID: "n1/caddy", TLS: adsclient.TLS{CAFile: caFile}}
+	s, err := startXDSSub(cfg, t.Name(), filepath.Join(dir, "view.json"), zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destruct()
+	if n := logs.FilterMessageSnippet("no TLS").Len(); n != 0 {
+		t.Errorf("a stream with TLS: %d warnings of none", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,14 @@ type XDSUpstreams struct {
 	CA   string `json:"ca,omitempty"`
 	Cert string `json:"cert,omitempty"`
 	Key  string `json:"key,omitempty"`
+	// AllowLoopback admits backends on loopback addresses, for demos and tests on one host.
+	// Without it they are left out, as link-local and unspecified addresses always are,
+	// and this Caddy's own listeners (its admin API first) are left out either way.
+	AllowLoopback bool `json:"allow_loopback,omitempty"`
+	// MaxMessageSize bounds one response from the control plane, in bytes (default 16 MiB:
+	// about 90,000 endpoints, at 180 bytes each with their metadata): a larger one ends
+	// the stream before it is read.
+	MaxMessageSize int `json:"max_message_size,omitempty"`
 
 	sub    *xdsSub
 	subKey string
@@ -97,12 +106,16 @@ func (x *XDSUpstreams) Provision(ctx caddy.Context) error {
 		}
 		x.NodeID = host + "/caddy"
 	}
-	cfg := adsclient.Config{Server: x.Server, Servers: x.Servers, NodeID: x.NodeID, Zone: x.Zone,
+	if x.MaxMessageSize == 0 {
+		x.MaxMessageSize = defaultXDSMaxMessage
+	}
+	cfg := adsclient.Config{Server: x.Server, Servers: x.Servers, NodeID: x.NodeID, Zone: x.Zone, MaxMessageBytes: x.MaxMessageSize,
 		UserAgentName: fleetview.UserAgentCaddy, TLS: adsclient.TLS{CAFile: x.CA, CertFile: x.Cert, KeyFile: x.Key}}
-	// The key holds everything the connection depends on: a reload that changes the zone or
-	// the TLS files starts a new subscription, one that changes nothing keeps the old one.
+	// The key holds everything the connection depends on: a reload that changes the zone,
+	// the TLS files or the message bound starts a new subscription, one that changes
+	// nothing keeps the old one.
 	servers := x.servers()
-	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s", servers, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key)
+	x.subKey = fmt.Sprintf("%s|%s|%s|%s|%s|%s|%d", servers, cfg.NodeID, cfg.Zone, x.CA, x.Cert, x.Key, cfg.MaxMessageBytes)
 	v, _, err := subPool.LoadOrNew(x.subKey, func() (caddy.Destructor, error) {
 		return startXDSSub(cfg, x.subKey, filepath.Join(caddy.AppDataDir(), "stickylb", "xds", viewFileName(servers, cfg.NodeID)),
 			caddy.Log().Named("stickylb_xds"))
@@ -147,6 +160,9 @@ func (x *XDSUpstreams) Validate() error {
 	if (x.Cert == "") != (x.Key == "") {
 		return errors.New("stickylb_xds: cert and key go together")
 	}
+	if x.MaxMessageSize < 0 {
+		return errors.New("stickylb_xds: max_message_size must be positive")
+	}
 	return nil
 }
 
@@ -172,7 +188,7 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 		if svc == nil {
 			return nil, fmt.Errorf("stickylb_xds: service %q is not in the view from %s (an http or grpc service of the pools file)", x.Service, x.servers())
 		}
-		p = &xdsPick{view: v, dials: svc.pick(x.Zone)}
+		p = &xdsPick{view: v, dials: x.admitted(x.Service, svc).pick(x.Zone)}
 		x.picks.Store(p)
 	}
 	// One backing array for the values: two allocations per call whatever the pool's size.
@@ -195,7 +211,11 @@ func (x *XDSUpstreams) GetUpstreams(*http.Request) ([]*reverseproxy.Upstream, er
 //		ca      FILE
 //		cert    FILE
 //		key     FILE
+//		allow_loopback
+//		max_message_size SIZE
 //	}
+//
+// SIZE is a number of bytes, or one with a unit: 16MiB, 512KiB, 20MB.
 func (x *XDSUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the source's name
 	if d.NextArg() {
@@ -204,6 +224,25 @@ func (x *XDSUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		var dst *string
 		switch d.Val() {
+		case "allow_loopback":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			x.AllowLoopback = true
+			continue
+		case "max_message_size":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := parseByteSize(d.Val())
+			if err != nil {
+				return d.Errf("stickylb_xds: max_message_size: %v", err)
+			}
+			x.MaxMessageSize = n
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			continue
 		case "server":
 			// One address, or a replica set: every one is tried in order.
 			x.Servers = append(x.Servers, d.RemainingArgs()...)
@@ -351,6 +390,13 @@ type xdsSub struct {
 	// key names this subscription's view in xdsTable.
 	key  string
 	view atomic.Pointer[xdsView]
+	// refusals are the backends of the view its sources leave out (logged once each).
+	refusals fleetview.Refusals
+	// asm joins the view's halves; it knows which services wait for their endpoints.
+	asm *fleetview.Assembler
+
+	pacedOnce sync.Once
+	pacing    xdsPacing
 }
 
 // viewFileName names the saved view of a server and node.
@@ -375,10 +421,14 @@ func startXDSSub(cfg adsclient.Config, key, path string, log *zap.Logger) (*xdsS
 		return nil, err
 	}
 	log = log.With(zap.String("xds_server", servers), zap.String("node", cfg.NodeID))
+	if cfg.TLS.CAFile == "" && cfg.TLS.CertFile == "" && cfg.TLS.KeyFile == "" {
+		log.Warn("the stream to the control plane has no TLS: whoever can reach it, or the path to it, can feed this node backends; set ca (and cert, key)")
+	}
 	s := &xdsSub{client: c, collector: c.Collector(), log: log, path: path,
 		server: servers, node: cfg.NodeID, key: key}
 	s.load(cfg)
-	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: s.apply}
+	a := &fleetview.Assembler{Decode: fleetview.DecodeCaddy, Apply: s.apply, Waited: s.waited}
+	s.asm = a
 	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
 		return nil, err
 	}
@@ -425,7 +475,12 @@ func (s *xdsSub) apply(v *fleetview.View) error {
 	}
 	s.install(xv)
 	s.save(xv)
-	s.log.Info("applied an xDS view", zap.Int("services", len(xv.Services)))
+	// A refusal whose backend left the view is forgotten: if it comes back, it is logged again.
+	s.refusals.Keep(func(r fleetview.Refused) bool {
+		svc := xv.Services[r.Service]
+		return svc != nil && slices.ContainsFunc(svc.Backends, func(b xdsBackend) bool { return b.Dial == r.Address })
+	})
+	s.paced().applied.Info("applied an xDS view", zap.Int("services", len(xv.Services)))
 	return nil
 }
 
@@ -434,9 +489,13 @@ func (s *xdsSub) install(v *xdsView) {
 	xdsTable.set(s.key, v)
 }
 
-// save writes the view atomically (a temporary file renamed); a failure is logged, not
+// save writes the view to the file, at once or, within a second of the last write, when
+// the second is over (the latest view then): see paced.
+func (s *xdsSub) save(v *xdsView) { s.paced().saves.Put(v) }
+
+// write writes the view atomically (a temporary file renamed); a failure is logged, not
 // NACKed: the view itself is fine.
-func (s *xdsSub) save(v *xdsView) {
+func (s *xdsSub) write(v *xdsView) {
 	b, err := json.Marshal(savedView{Server: s.server, NodeID: s.node, Saved: time.Now().UTC(), View: v})
 	if err == nil {
 		err = os.MkdirAll(filepath.Dir(s.path), 0o700)
@@ -452,10 +511,14 @@ func (s *xdsSub) save(v *xdsView) {
 	}
 }
 
-// Destruct stops the subscription when no config uses it.
+// Destruct stops the subscription when no config uses it; the last view applied is on
+// disk when it returns.
 func (s *xdsSub) Destruct() error {
 	s.cancel()
 	err := s.client.Close()
+	p := s.paced()
+	p.saves.Stop()
+	p.applied.Stop()
 	xdsTable.set(s.key, nil)
 	return err
 }

@@ -89,8 +89,9 @@ func (x *XDSUpstreams) withService(s string) *XDSUpstreams { x.Service = s; retu
 // TestXDSSourcePick: healthy and draining backends; the node's zone only when cross_zone is
 // false and the zone has a healthy backend; fail open to every non-draining backend.
 func TestXDSSourcePick(t *testing.T) {
-	b := func(dial, zone, h string, drain bool) xdsBackend {
-		return xdsBackend{ID: dial, Dial: dial, Weight: 1, Zone: zone, Health: h, Drain: drain}
+	// Backend "a" dials 10.0.0.1:80, "b" 10.0.0.2:80, and so on.
+	b := func(name, zone, h string, drain bool) xdsBackend {
+		return xdsBackend{ID: name, Dial: fmt.Sprintf("10.0.0.%d:80", name[0]-'a'+1), Weight: 1, Zone: zone, Health: h, Drain: drain}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -106,7 +107,11 @@ func TestXDSSourcePick(t *testing.T) {
 		{"none healthy: fail open", true, "", []xdsBackend{b("a", "", "unhealthy", false), b("b", "", "unhealthy", false), b("c", "", "unhealthy", true)}, "a b"},
 	} {
 		v := &xdsView{Services: map[string]*xdsService{"api": {CrossZone: tc.cross, Backends: tc.bs}}}
-		if got := strings.Join(dials(t, sourceWith(v, tc.zone)), " "); got != tc.want {
+		var names []string
+		for _, d := range dials(t, sourceWith(v, tc.zone)) {
+			names = append(names, string(rune('a'+d[len("10.0.0.")]-'1')))
+		}
+		if got := strings.Join(names, " "); got != tc.want {
 			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
 		}
 	}
@@ -177,6 +182,8 @@ func TestXDSSourceCaddyfile(t *testing.T) {
 		ca      /etc/ca.pem
 		cert    /etc/c.pem
 		key     /etc/k.pem
+		allow_loopback
+		max_message_size 4MiB
 	}`)
 	var x XDSUpstreams
 	if err := x.UnmarshalCaddyfile(d); err != nil {
@@ -187,10 +194,20 @@ func TestXDSSourceCaddyfile(t *testing.T) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("got %q, want %q", got, want)
 	}
+	if !x.AllowLoopback || x.MaxMessageSize != 4<<20 {
+		t.Fatalf("allow_loopback %v, max_message_size %d", x.AllowLoopback, x.MaxMessageSize)
+	}
 	if err := x.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for _, src := range []string{"stickylb_xds {\n bogus 1\n}", "stickylb_xds {\n server\n}", "stickylb_xds extra"} {
+	for size, want := range map[string]int{"1000": 1000, "20MB": 20e6, "512kib": 512 << 10, "1GiB": 1 << 30} {
+		if n, err := parseByteSize(size); err != nil || n != want {
+			t.Errorf("size %s: %d %v, want %d", size, n, err, want)
+		}
+	}
+	for _, src := range []string{"stickylb_xds {\n bogus 1\n}", "stickylb_xds {\n server\n}", "stickylb_xds extra",
+		"stickylb_xds {\n allow_loopback yes\n}", "stickylb_xds {\n max_message_size\n}", "stickylb_xds {\n max_message_size 0\n}",
+		"stickylb_xds {\n max_message_size 16 MiB\n}", "stickylb_xds {\n max_message_size 3GiB\n}", "stickylb_xds {\n max_message_size 5pb\n}"} {
 		var y XDSUpstreams
 		if err := y.UnmarshalCaddyfile(caddyfile.NewTestDispenser(src)); err == nil {
 			t.Errorf("%q: no error", src)

@@ -8,6 +8,11 @@
 // contract layer between the xds adapter and the node tiers (l4xdp's command, caddymodule):
 // it imports the Envoy API types, protobuf and policies only, never an adapter.
 //
+// What a node accepts is decided here too, once for both tiers: a view is held to the
+// pools file's limits as it is decoded (names, zones, hash keys, weights; over them it is
+// NACKed), an Assembler applies what is complete while a cluster waits for its endpoints,
+// and an Admission leaves out the endpoints a node must not dial (admit.go).
+//
 // Envoy types are used, not a type of the project's own, so that go-control-plane's
 // snapshot cache serves them (it refuses unknown type URLs) and Envoy's validation rules
 // check them; separate snapshot groups (one for XDP nodes, one for Caddy nodes) keep them
@@ -22,7 +27,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"sync"
+	"strconv"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -64,6 +69,19 @@ type View struct {
 	File *pools.File
 	// Verdicts are keyed by Key(service, identity); a backend not listed is Unknown.
 	Verdicts map[string]Verdict
+	// Waiting are the services whose cluster arrived without its endpoints, by name. Decode
+	// leaves them out of File; an Assembler puts back the last good state of those that had
+	// one (Kept) and says since when each waits.
+	Waiting []Waiting
+}
+
+// Waiting is a service whose endpoints have not arrived.
+type Waiting struct {
+	Service string
+	// Since is when the node first saw the cluster without its endpoints (zero from Decode).
+	Since time.Time
+	// Kept: the node serves the service's last good state; else it serves nothing of it.
+	Kept bool
 }
 
 // Key is the Verdicts key of a backend of a service.
@@ -160,8 +178,19 @@ func (f *fields) service(name string) *pools.Service {
 	if f.boolean("health_checked") {
 		s.HealthCheck = &pools.HealthCheck{}
 	}
+	for i, z := range s.DrainedZones {
+		if !pools.ValidZone(z) {
+			f.fail("drained_zones[%d] %q: want %s", i, z, zoneRule)
+		}
+	}
 	return s
 }
+
+// The pools file's rules for the names a view carries, as its errors say them.
+var (
+	zoneRule    = fmt.Sprintf("letters, digits, '.', '_' and '-', at most %d of them", pools.MaxZoneLength)
+	hashKeyRule = fmt.Sprintf("1..%d printable characters without spaces", pools.MaxHashKeyLength)
+)
 
 func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verdict) *endpointv3.ClusterLoadAssignment {
 	le := &endpointv3.LocalityLbEndpoints{}
@@ -226,14 +255,16 @@ func encodeEndpoints(s *pools.Service, verdict func(string, *pools.Backend) Verd
 	return &endpointv3.ClusterLoadAssignment{ClusterName: s.Name, Endpoints: []*endpointv3.LocalityLbEndpoints{le}}
 }
 
-// ErrIncomplete says a cluster's ClusterLoadAssignment has not arrived yet: the node waits
-// for it (CDS and EDS come as separate responses).
+// ErrIncomplete says a cluster's ClusterLoadAssignment has not arrived yet (CDS and EDS
+// come as separate responses, and a broken control plane may never send one).
 var ErrIncomplete = errors.New("fleetview: a cluster's endpoints have not arrived")
 
 // Decode reads the view from clusters and load assignments by name (as an ADS client hands
-// them over). A load assignment without a cluster is ignored; a cluster without one gives
-// ErrIncomplete. Anything a forwarder cannot take (an unknown affinity mode, a balance
-// other than maglev, a malformed field) is an error naming the resource and the field.
+// them over). A load assignment without a cluster is ignored. Clusters without one give
+// ErrIncomplete together with the view of the others, which names them in Waiting. Anything
+// a forwarder cannot take (an unknown affinity mode, a balance other than maglev, a
+// malformed field, a name or a number the pools file could not hold) is an error naming
+// the resource and the field, and no view.
 func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 	return decodeView(clusters, assignments, decodeCluster)
 }
@@ -244,9 +275,15 @@ func Decode(clusters, assignments map[string]proto.Message) (*View, error) {
 func decodeView(clusters, assignments map[string]proto.Message, readCluster func(*clusterv3.Cluster) (*pools.Service, error)) (*View, error) {
 	v := &View{File: &pools.File{Filename: "xds"}, Verdicts: map[string]Verdict{}}
 	for _, name := range slices.Sorted(maps.Keys(clusters)) {
+		if !pools.ValidName(name) {
+			return nil, fmt.Errorf("cluster %s: not a service name of a pools file (lowercase letters, digits and '-', at most %d)", clip(name), pools.MaxNameLength)
+		}
 		c, ok := clusters[name].(*clusterv3.Cluster)
 		if !ok {
 			return nil, fmt.Errorf("cluster %s: a %T, not a Cluster", name, clusters[name])
+		}
+		if c.GetName() != name {
+			return nil, fmt.Errorf("cluster %s: named %s inside", name, clip(c.GetName()))
 		}
 		s, err := readCluster(c)
 		if err != nil {
@@ -257,17 +294,24 @@ func decodeView(clusters, assignments map[string]proto.Message, readCluster func
 	if err := v.attachEndpoints(assignments); err != nil {
 		return nil, err
 	}
+	if len(v.Waiting) > 0 {
+		names := make([]string, len(v.Waiting))
+		for i, w := range v.Waiting {
+			names[i] = w.Service
+		}
+		return v, fmt.Errorf("clusters %v: %w", names, ErrIncomplete)
+	}
 	return v, nil
 }
 
-// attachEndpoints decodes the load assignment of each of v's services (both halves of a view
-// must be there: a service without one is ErrIncomplete).
+// attachEndpoints decodes the load assignment of each of v's services; the services
+// without one leave File for Waiting.
 func (v *View) attachEndpoints(assignments map[string]proto.Message) error {
-	var incomplete []string
+	complete := v.File.Services[:0:0]
 	for _, s := range v.File.Services {
 		m, ok := assignments[s.Name]
 		if !ok {
-			incomplete = append(incomplete, s.Name)
+			v.Waiting = append(v.Waiting, Waiting{Service: s.Name})
 			continue
 		}
 		cla, ok := m.(*endpointv3.ClusterLoadAssignment)
@@ -277,10 +321,9 @@ func (v *View) attachEndpoints(assignments map[string]proto.Message) error {
 		if err := decodeEndpoints(s, cla, v.Verdicts); err != nil {
 			return fmt.Errorf("endpoints %s: %w", s.Name, err)
 		}
+		complete = append(complete, s)
 	}
-	if len(incomplete) > 0 {
-		return fmt.Errorf("clusters %v: %w", incomplete, ErrIncomplete)
-	}
+	v.File.Services = complete
 	return nil
 }
 
@@ -317,7 +360,40 @@ func (f *fields) str(key string, required bool) string {
 		f.fail("%s: not a string", key)
 		return ""
 	}
-	return s.StringValue
+	return f.bounded(key, s.StringValue)
+}
+
+// maxString bounds every string of a view's metadata: none is longer than the longest a
+// pools file holds (a hash_key), so a hostile view costs no more than a real one where it
+// is kept, logged or saved.
+const maxString = pools.MaxHashKeyLength
+
+// bounded returns v, or "" and an error when it is longer than maxString.
+func (f *fields) bounded(key, v string) string {
+	if len(v) > maxString {
+		f.fail("%s: %d bytes, over the %d a view's string may hold", key, len(v), maxString)
+		return ""
+	}
+	return v
+}
+
+// name reads an optional string held to valid (a pools-file rule); what names the rule in
+// the error.
+func (f *fields) name(key string, valid func(string) bool, what string) string {
+	v := f.str(key, false)
+	if v != "" && !valid(v) {
+		f.fail("%s %q: want %s", key, v, what)
+		return ""
+	}
+	return v
+}
+
+// clip quotes s for an error, at most 64 bytes of it: an untrusted name stays short.
+func clip(s string) string {
+	if len(s) <= 64 {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:64], len(s))
 }
 
 // uint reads a whole number in [0, max].
@@ -390,7 +466,7 @@ func (f *fields) strings(key string) []string {
 			f.fail("%s[%d]: not a string", key, i)
 			return nil
 		}
-		out = append(out, s.StringValue)
+		out = append(out, f.bounded(fmt.Sprintf("%s[%d]", key, i), s.StringValue))
 	}
 	return out
 }
@@ -504,8 +580,9 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			if err != nil {
 				return fmt.Errorf("endpoint %d: %w", i, err)
 			}
-			b := &pools.Backend{Address: f.str("address", false), MAC: f.str("mac", false), HashKey: f.str("hash_key", false),
-				Zone: f.str("zone", false), Drain: f.boolean("drain"), Weight: e.GetLoadBalancingWeight().GetValue()}
+			b := &pools.Backend{Address: f.str("address", false), MAC: f.str("mac", false),
+				HashKey: f.name("hash_key", pools.ValidHashKey, hashKeyRule), Zone: f.name("zone", pools.ValidZone, zoneRule),
+				Drain: f.boolean("drain"), Weight: e.GetLoadBalancingWeight().GetValue()}
 			if s.ZoneDrained(b.Zone) {
 				// Drained by its zone, the last resort, unless the backend drains itself.
 				b.Drain = f.boolean("backend_drain")
@@ -522,7 +599,7 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 			if b.Address == "" {
 				a, err := netip.ParseAddr(sa.GetAddress())
 				if err != nil {
-					return fmt.Errorf("endpoint %d: address %q: %w", i, sa.GetAddress(), err)
+					return fmt.Errorf("endpoint %d: address %s: not an IP address", i, clip(sa.GetAddress()))
 				}
 				b.Address = netip.AddrPortFrom(a, uint16(sa.GetPortValue())).String()
 			}
@@ -534,8 +611,13 @@ func decodeEndpoints(s *pools.Service, cla *endpointv3.ClusterLoadAssignment, ve
 					return fmt.Errorf("endpoint %s: mac %q is not a 6-byte MAC", b.Address, b.MAC)
 				}
 			}
-			if b.Weight == 0 {
+			// The pools file's bounds: a weight the file could not hold is refused, not
+			// wrapped by a tier's arithmetic (the forwarder scales weights by 100).
+			switch {
+			case b.Weight == 0:
 				b.Weight = pools.DefaultWeight
+			case b.Weight > pools.MaxWeight:
+				return fmt.Errorf("endpoint %s: weight %d out of range 1..%d", b.Address, b.Weight, pools.MaxWeight)
 			}
 			if seen[b.Identity()] {
 				return fmt.Errorf("endpoint %d: backend %s listed twice", i, b.Identity())
@@ -575,66 +657,4 @@ func parseState(s string) (health.State, error) {
 		return health.Unhealthy, nil
 	}
 	return health.Unknown, fmt.Errorf("%q: want healthy, unhealthy or unknown", s)
-}
-
-// Assembler joins the two halves of the view as an ADS client delivers them (clusters and
-// load assignments come in separate responses) and applies each complete view. Its
-// Clusters and Endpoints methods are the handlers of the two subscriptions: a half that
-// does not decode, or a view Apply refuses, is returned as the error to NACK with, and the
-// half last accepted stays; a half waiting for the other (a new cluster whose endpoints
-// have not come) is accepted without applying anything.
-type Assembler struct {
-	// Apply installs a complete view; an error rejects it (the node keeps what it had).
-	Apply func(*View) error
-	// Decode reads a complete view; nil means Decode (the XDP view), DecodeCaddy for Caddy.
-	Decode func(clusters, assignments map[string]proto.Message) (*View, error)
-
-	mu                  sync.Mutex
-	clusters, endpoints map[string]proto.Message
-}
-
-// Clusters is the handler of the Cluster subscription.
-func (a *Assembler) Clusters(_ string, res map[string]proto.Message) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.try(res, a.endpoints); err != nil {
-		return err
-	}
-	a.clusters = res
-	if a.clusters == nil {
-		a.clusters = map[string]proto.Message{} // received, and empty
-	}
-	return nil
-}
-
-// Endpoints is the handler of the ClusterLoadAssignment subscription.
-func (a *Assembler) Endpoints(_ string, res map[string]proto.Message) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.clusters == nil {
-		// No clusters yet: endpoints alone say nothing (decoding them would be an empty
-		// view, which would remove every VIP a restarted node adopted).
-		a.endpoints = res
-		return nil
-	}
-	if err := a.try(a.clusters, res); err != nil {
-		return err
-	}
-	a.endpoints = res
-	return nil
-}
-
-func (a *Assembler) try(cs, es map[string]proto.Message) error {
-	decode := a.Decode
-	if decode == nil {
-		decode = Decode
-	}
-	v, err := decode(cs, es)
-	if errors.Is(err, ErrIncomplete) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return a.Apply(v)
 }

@@ -11,6 +11,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -215,6 +216,9 @@ func TestDecodeRejects(t *testing.T) {
 		}},
 		{"unknown backend forwarding", `endpoint 0: forwarding "": want auto, dr or nat`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewStringValue("")
+		}},
+		{"weight over the pools file's", "weight 10001 out of range 1..10000", func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+			l.Endpoints[0].LbEndpoints[0].LoadBalancingWeight = wrapperspb.UInt32(pools.MaxWeight + 1)
 		}},
 		{"bad health", `health "sick"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health"] = structpb.NewStringValue("sick")

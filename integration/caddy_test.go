@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,10 +17,12 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/stickylb/stickylb/internal/testkit/fanout"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 
 	_ "github.com/stickylb/stickylb/caddymodule"
 	"github.com/stickylb/stickylb/policies/cookie"
+	"github.com/stickylb/stickylb/policies/sessions"
 )
 
 const (
@@ -85,7 +88,9 @@ func TestCaddyStickinessPerMode(t *testing.T) {
 			localIP: func(i int) string { return fmt.Sprintf("127.0.%d.%d", 1+i/200, 10+i%200) }},
 		{name: "app_cookie_prefix", policy: "lb_policy app_cookie JSESSIONID {\n secret " + secret + "\n }", balanced: true,
 			first: func(t *testing.T, c *client, base string, i int) (int, string) { return c.get(t, base+"/login") }, next: plain},
-		{name: "app_cookie_learn", policy: "lb_policy app_cookie JSESSIONID {\n mode learn\n }", balanced: true,
+		// The clients share one address (the test's), which learn mode bounds to 60 new
+		// sessions a minute by default: exactly this test's clients.
+		{name: "app_cookie_learn", policy: "lb_policy app_cookie JSESSIONID {\n mode learn\n max_new_per_client 1000\n }", balanced: true,
 			first: func(t *testing.T, c *client, base string, i int) (int, string) { return c.get(t, base+"/login") }, next: plain},
 	}
 	const clients, perClient = 60, 10
@@ -588,7 +593,9 @@ func TestCaddyAppCookieLearnSurvivesFlood(t *testing.T) {
 	}
 	const sessions, flood = 1000, 10 * 1000
 	bs := startBackends(t, 3)
-	base := serve(t, bs, fmt.Sprintf("\t\tlb_policy app_cookie JSESSIONID {\n mode learn\n max_sessions %d\n table flood-test\n }", sessions))
+	// The 1,000 logins come from one address (the test's), over learn mode's default bound
+	// of new sessions per client and minute.
+	base := serve(t, bs, fmt.Sprintf("\t\tlb_policy app_cookie JSESSIONID {\n mode learn\n max_sessions %d\n max_new_per_client %d\n table flood-test\n }", sessions, sessions))
 	tr := &http.Transport{MaxIdleConnsPerHost: 8}
 	t.Cleanup(tr.CloseIdleConnections)
 	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
@@ -662,6 +669,146 @@ func TestCaddyAppCookieLearnSurvivesFlood(t *testing.T) {
 		flood, survived, sessions, after.Evicted, onOwner.Load())
 	if survived != sessions || onOwner.Load() != sessions {
 		t.Fatalf("%d of %d sessions survived the flood (%d on their backend)", survived, sessions, onOwner.Load())
+	}
+}
+
+// TestCaddyAppCookieLearnKeepsSessionsSeenTwice: an application sets a fresh session cookie
+// on every request that carries none, so in learn mode cookie-less requests do insert
+// sessions. With max_sessions 5000, 1,000 clients, each from its own address, log in and
+// come back once; then 50,000 cookie-less requests, each from an address of its own, and a
+// client that comes back once with each of 5,000 fresh values (a flood of sessions seen
+// twice, from one address): none of the 1,000 moves. The first flood meets the table's
+// protected segment (sessions seen twice are evicted only by sessions seen twice), the
+// second max_new_per_client (its default, 60 a minute). Client addresses come from
+// X-Forwarded-For, which the site trusts from loopback.
+func TestCaddyAppCookieLearnKeepsSessionsSeenTwice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("floods a real Caddy")
+	}
+	const victims, flood, replayed = 1000, 50_000, 5000
+	bs := startBackends(t, 3)
+	port := freePort(t)
+	cfg := fmt.Sprintf(`{
+	admin localhost:2999
+	auto_https off
+	skip_install_trust
+	http_port %d
+	servers {
+		trusted_proxies static 127.0.0.0/8
+		client_ip_headers X-Forwarded-For
+	}
+}
+:%d {
+	stickylb
+	reverse_proxy %s {
+		lb_policy app_cookie JSESSIONID {
+			mode learn
+			max_sessions 5000
+			table seen-twice
+		}
+	}
+}
+`, port, port, addrs(bs))
+	caddytest.NewTester(t).InitServer(cfg, "caddyfile")
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	waitPort(t, fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second)
+	tr := &http.Transport{MaxIdleConnsPerHost: 8}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	// do sends GET /app from client address from, with the session cookie when given, and
+	// returns the backend that answered and the session value it set, if any.
+	do := func(from netip.Addr, cookie string) (string, string) {
+		req, _ := http.NewRequest("GET", base+"/app", nil)
+		req.Header.Set("X-Forwarded-For", from.String())
+		if cookie != "" {
+			req.Header.Set("Cookie", "JSESSIONID="+cookie)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Error(err)
+			return "", ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Errorf("%d %s", resp.StatusCode, b)
+		}
+		set := ""
+		for _, c := range resp.Cookies() {
+			if c.Name == "JSESSIONID" {
+				set = c.Value
+			}
+		}
+		return string(b), set
+	}
+	parallel := func(n int, fn func(i int)) { fanout.Each(n, 8, func(i int) error { fn(i); return nil }) }
+	addr := func(net byte, i int) netip.Addr { return netip.AddrFrom4([4]byte{10, net, byte(i >> 8), byte(i)}) }
+	type tableInfo struct {
+		Entries, Protected int
+		Hits, Evicted      uint64
+	}
+	table := func() tableInfo {
+		var info struct {
+			Tables map[string]tableInfo `json:"tables"`
+		}
+		getJSON(t, adminBase+"/stickylb/sessions", &info)
+		return info.Tables["seen-twice"]
+	}
+	// The 1,000 clients: a first request (the application sets the session) and one more.
+	values, owners := make([]string, victims), make([]string, victims)
+	parallel(victims, func(i int) {
+		owners[i], values[i] = do(addr(1, i), "")
+		if body, _ := do(addr(1, i), values[i]); body != owners[i] {
+			t.Errorf("client %d: its second request went to %s, its session is on %s", i, body, owners[i])
+		}
+	})
+	if tab := table(); tab.Entries != victims || tab.Protected != victims {
+		t.Fatalf("after the logins: %+v, want %d sessions, all protected", tab, victims)
+	}
+	// moved counts the clients whose next request does not reach their session's backend,
+	// and those whose session the table lost (hash routing may land them home by luck).
+	moved := func(what string) {
+		t.Helper()
+		before := table().Hits
+		var away atomic.Int64
+		parallel(victims, func(i int) {
+			if body, _ := do(addr(1, i), values[i]); body != owners[i] {
+				away.Add(1)
+			}
+		})
+		tab := table()
+		lost := victims - int(tab.Hits-before)
+		t.Logf("after %s: %d of %d clients moved, %d lost their table entry (table: %+v)", what, away.Load(), victims, lost, tab)
+		if away.Load() != 0 || lost != 0 {
+			t.Errorf("after %s: %d of %d clients moved to another backend, %d sessions lost from the table", what, away.Load(), victims, lost)
+		}
+	}
+	// 50,000 cookie-less requests, each from its own address: each a new session, seen once.
+	start := time.Now()
+	parallel(flood, func(i int) { do(addr(2+byte(i>>16), i), "") })
+	t.Logf("%d cookie-less requests in %v", flood, time.Since(start).Round(time.Millisecond))
+	moved(fmt.Sprintf("%d cookie-less requests", flood))
+	// One client comes back once with each of 5,000 fresh values: sessions seen twice.
+	attacker := netip.MustParseAddr("192.0.2.66")
+	replays := time.Now()
+	parallel(replayed, func(int) {
+		if _, v := do(attacker, ""); v != "" {
+			do(attacker, v)
+		}
+	})
+	moved(fmt.Sprintf("%d fresh values each sent back once from one address", replayed))
+	var info struct {
+		Scopes map[string]struct {
+			NewCapped uint64 `json:"new_sessions_capped"`
+		} `json:"scopes"`
+	}
+	getJSON(t, adminBase+"/stickylb/sessions", &info)
+	// The replays met as many one-minute windows as they took minutes, plus one: each window
+	// learned the default bound at most.
+	windows := int(time.Since(replays)/time.Minute) + 2
+	t.Logf("%d new sessions capped (max_new_per_client)", info.Scopes["seen-twice"].NewCapped)
+	if c, want := info.Scopes["seen-twice"].NewCapped, uint64(replayed-windows*sessions.DefaultNewPerClient); c < want {
+		t.Errorf("%d new sessions capped (max_new_per_client), want at least %d", c, want)
 	}
 }
 

@@ -34,6 +34,28 @@ const (
 // cxPools is the pools file of service api over backends at addrs.
 func cxPools(addrs ...string) string { return poolstest.API(poolstest.Addresses(addrs...)...) }
 
+// cxCaddyfile is a Caddy with one site on 127.0.0.1:port proxying to service api of the
+// control plane at server as node nodeID; extra goes in the source's block, more after it
+// in reverse_proxy's.
+func cxCaddyfile(port int, server, nodeID, extra, more string) string {
+	return fmt.Sprintf(`{
+	admin off
+	persist_config off
+	auto_https off
+}
+http://127.0.0.1:%d {
+	reverse_proxy {
+		dynamic stickylb_xds {
+			server  %s
+			service api
+			node_id %s
+			%s
+		}%s
+	}
+}
+`, port, server, nodeID, extra, more)
+}
+
 // writeAtomic replaces path's content in one rename, so the control plane's watcher never
 // reads half a file.
 func writeAtomic(t *testing.T, path, content string) {
@@ -81,24 +103,10 @@ func TestCaddyXDSSource(t *testing.T) {
 
 	port := freePort(t)
 	caddyfile := filepath.Join(dir, "Caddyfile")
-	writeAtomic(t, caddyfile, fmt.Sprintf(`{
-	admin off
-	persist_config off
-	auto_https off
-}
-http://127.0.0.1:%d {
-	reverse_proxy {
-		dynamic stickylb_xds {
-			server  %s
-			service api
-			node_id it/caddy
-		}
+	writeAtomic(t, caddyfile, cxCaddyfile(port, cpAddr, "it/caddy", "allow_loopback", `
 		lb_policy sticky_cookie {
 			secret {env.STICKYLB_SECRET}
-		}
-	}
-}
-`, port, cpAddr))
+		}`))
 	env := []string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "STICKYLB_SECRET=" + strings.Repeat("k", 32)}
 	caddy := runCaddy(t, caddyfile, env...)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)

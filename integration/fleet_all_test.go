@@ -559,6 +559,7 @@ http://%s {
 			server  %s
 			service rpc
 			node_id fleet/caddy
+			allow_loopback
 		}
 		lb_policy header x-session
 		transport http {

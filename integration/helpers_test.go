@@ -64,6 +64,14 @@ func startBackend(t *testing.T, name string) *backend {
 		w.Header().Add("Set-Cookie", fmt.Sprintf("JSESSIONID=%s-%d; Path=/; HttpOnly", name, n))
 		io.WriteString(w, name)
 	})
+	// What a typical application does: a request without its session cookie gets a fresh one.
+	mux.HandleFunc("/app", func(w http.ResponseWriter, r *http.Request) {
+		b.hits.Add(1)
+		if _, err := r.Cookie("JSESSIONID"); err != nil {
+			w.Header().Add("Set-Cookie", fmt.Sprintf("JSESSIONID=%s-%d; Path=/; HttpOnly", name, b.sessions.Add(1)))
+		}
+		io.WriteString(w, name)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		b.hits.Add(1)
 		if c := r.Header.Get("Cookie"); c != "" {

@@ -641,6 +641,7 @@ func (r *xdpE2E) counters(t *testing.T) {
 	}
 	for _, m := range []string{`stickylb_xdp_vip_packets_total{service="spread"}`, `stickylb_xdp_backend_bytes_total{backend="` + hosts["b2"].v4 + `:80",service="spread"}`,
 		`stickylb_xdp_conn_table_lookups_total{result="hit"}`, `stickylb_xdp_packets_total{path="forward"}`,
+		`stickylb_xdp_nat_holds_reclaimed_total 0`, `stickylb_xdp_packets_total{path="nat_reclaim"}`,
 		`stickylb_xdp_backend_active_connections{backend="` + hosts["b2"].v4 + `:80",service="spread"}`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s:\n%s", m, metrics)

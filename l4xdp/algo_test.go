@@ -16,7 +16,7 @@ import (
 // of the rule written here (WLC), never from the program.
 
 // onOneCPU pins the test's goroutine to one thread on CPU 0 until the test ends.
-func onOneCPU(t *testing.T) {
+func onOneCPU(t testing.TB) {
 	t.Helper()
 	runtime.LockOSThread()
 	var old, one unix.CPUSet
@@ -85,9 +85,16 @@ func wrrFixture(t *testing.T, fx *fixture) packetScenario {
 	// A non-SYN miss (a flow that started on another node) goes by the Maglev table, where
 	// the schedule would have sent it elsewhere (slot 0 is next).
 	mid := uint16(6000 + discriminating(t, func(i int) bool {
-		return fx.expect(flowHashInput(client4, vip4, uint16(6000+i), port, 6, false)) != seq[0]
+		return fx.expect(flowHash(client4, vip4, uint16(6000+i), port, 6, false)) != seq[0]
 	}))
-	midB := fx.expect(flowHashInput(client4, vip4, mid, port, 6, false))
+	midB := fx.expect(flowHash(client4, vip4, mid, port, 6, false))
+	// Above the insert cap a new flow is not remembered, so its later packets will go by the
+	// Maglev table: its SYN goes there too, not to the schedule's next (slot 0 after the
+	// SYN of the last round).
+	over := uint16(7000 + discriminating(t, func(i int) bool {
+		return fx.expect(flowHash(client4, vip4, uint16(7000+i), port, 6, false)) != seq[1]
+	}))
+	overB := fx.expect(flowHash(client4, vip4, over, port, 6, false))
 	return packetScenario{name: "weighted round robin", rig: drRigOnOneCPU, cases: cat(
 		[]packetCase{
 			step("VIP 5, WRR over slots 0 and 2, weights 300 and 100", func(t *testing.T, r *packetRig) {
@@ -115,6 +122,10 @@ func wrrFixture(t *testing.T, fx *fixture) packetScenario {
 			tx("mid-stream ACK", tcp4(t, client4, vip4, mid, port, "A", nil, nil), tcp4(t, client4, vip4, mid, port, "A", nil, backMACs[midB])),
 			counts(map[string]uint64{"midstream": 1, "wrr": 12}),
 			syn(5200, seq[0], "the schedule did not move for the mid-stream flow"),
+			step("this CPU's inserts for the second spent", func(t *testing.T, r *packetRig) { setInsertBudget(t, r.f, 1<<40) }),
+			syn(over, overB, "a SYN above the insert cap goes by the Maglev table"),
+			tx("and so does its next packet", tcp4(t, client4, vip4, over, port, "A", nil, nil), tcp4(t, client4, vip4, over, port, "A", nil, backMACs[overB])),
+			counts(map[string]uint64{"wrr": 13, "insert_refused": 2}),
 		})}
 }
 

@@ -77,9 +77,9 @@ const (
 )
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config and
-// NAT sources (written from its flags), the per-CPU insert budgets, schedule positions and
-// NAT scratch space.
-var transientMaps = []string{"config", "insert_budget", "sched_pos", "nat_sources", "nat_scratch"}
+// NAT sources (written from its flags), the per-CPU insert budgets, clock readings, schedule
+// positions and NAT scratch space.
+var transientMaps = []string{"config", "insert_budget", "cpu_clock", "sched_pos", "nat_sources", "nat_scratch"}
 
 // pinnedMaps are the program's other maps, the state a restarted loader adopts: every map of
 // the generated bindings but the transient ones, so a map added to the program is pinned

@@ -57,6 +57,12 @@ func TestCConstantsMatchGo(t *testing.T) {
 	want("C_COUNTED", cf["C_COUNTED"], connCounted)
 	want("C_SYN", cf["C_SYN"], connSYN)
 	want("C_NAT", cf["C_NAT"], connNAT)
+	want("C_HS", cf["C_HS"], connHS)
+	ns := enum("nat_state")
+	want("NS_REPLIED", ns["NS_REPLIED"], natReplied)
+	want("NS_EMB", ns["NS_EMB"], natEmbryonic)
+	want("NS_SHORT", ns["NS_SHORT"], natShort)
+	want("NS_RST", ns["NS_RST"], natRST)
 	var pool *btf.Struct
 	if err := spec.Types.TypeByName("wlc_pool", &pool); err != nil {
 		t.Fatal(err)

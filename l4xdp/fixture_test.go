@@ -81,8 +81,9 @@ func setupWith(t testing.TB, o Options) *fixture {
 	return &fixture{f: f, table: table}
 }
 
-func (fx *fixture) expect(b []byte) int {
-	return int(fx.table[fnv1a(b)%uint32(len(fx.table))])
+// expect is the backend the fixture's Maglev table gives hash h.
+func (fx *fixture) expect(h uint32) int {
+	return int(fx.table[h%uint32(len(fx.table))])
 }
 
 // discriminating returns the first i in [0, 100) for which differ(i) holds: fixtures pick
@@ -233,7 +234,7 @@ func drFixtures(t *testing.T) []packetScenario {
 	}
 	// tcpVia is a client4 -> vip4:80 TCP packet in, out to the backend its 5-tuple hashes to.
 	tcpVia := func(name string, sport uint16, flags string) packetCase {
-		return tx(name, tcpTo(sport, flags, nil), tcpTo(sport, flags, backMACs[fx.expect(flowHashInput(client4, vip4, sport, 80, 6, false))]))
+		return tx(name, tcpTo(sport, flags, nil), tcpTo(sport, flags, backMACs[fx.expect(flowHash(client4, vip4, sport, 80, 6, false))]))
 	}
 	// tcpToB is a client4 -> vip4:80 TCP packet in, out to backend b.
 	tcpToB := func(name string, sport uint16, flags string, b int) packetCase {
@@ -246,7 +247,7 @@ func drFixtures(t *testing.T) []packetScenario {
 	// 5-tuple hashing spreads 40 flows over the three backends.
 	spread := map[int]bool{}
 	for sport := 40000; sport < 40040; sport++ {
-		spread[fx.expect(flowHashInput(client4, vip4, uint16(sport), 80, 6, false))] = true
+		spread[fx.expect(flowHash(client4, vip4, uint16(sport), 80, 6, false))] = true
 	}
 	if len(spread) != 3 {
 		t.Fatalf("40 flows hash to %d backends; the fixture needs 5-tuple hashing to spread them", len(spread))
@@ -257,8 +258,8 @@ func drFixtures(t *testing.T) []packetScenario {
 	}
 
 	// IPv4 fragments: every fragment, the first too, goes by (src, dst, proto).
-	fragB := fx.expect(flowHashInput(client4, vip4, 0, 0, 6, false))
-	if fragB == fx.expect(flowHashInput(client4, vip4, 7777, 80, 6, false)) {
+	fragB := fx.expect(flowHash(client4, vip4, 0, 0, 6, false))
+	if fragB == fx.expect(flowHash(client4, vip4, 7777, 80, 6, false)) {
 		t.Fatal("fixture does not tell fragment hashing from 5-tuple hashing")
 	}
 	frag := func(flags layers.IPv4Flag, off uint16, mac net.HardwareAddr, dst netip.Addr, payload []byte) []byte {
@@ -276,9 +277,9 @@ func drFixtures(t *testing.T) []packetScenario {
 	// header, unswapped, would hash.
 	icmpPort := 6000 + uint16(discriminating(t, func(i int) bool {
 		p := 6000 + uint16(i)
-		return fx.expect(flowHashInput(client4, vip4, p, 80, 6, false)) != fx.expect(flowHashInput(vip4, client4, 80, p, 6, false))
+		return fx.expect(flowHash(client4, vip4, p, 80, 6, false)) != fx.expect(flowHash(vip4, client4, 80, p, 6, false))
 	}))
-	icmpFlowMAC := backMACs[fx.expect(flowHashInput(client4, vip4, icmpPort, 80, 6, false))]
+	icmpFlowMAC := backMACs[fx.expect(flowHash(client4, vip4, icmpPort, 80, 6, false))]
 	icmpAbout := func(sport uint16, dst, src net.HardwareAddr) []byte {
 		quoted := tcp4(t, vip4, client4, 80, sport, "A", nil, nil)[14:42] // IP header + 8 bytes
 		return serialize(t, eth(dst, src, layers.EthernetTypeIPv4),
@@ -296,9 +297,9 @@ func drFixtures(t *testing.T) []packetScenario {
 	// IPv6 fragments go by (src, dst, proto) among the VIP address's backends (vip6's UDP
 	// VIP hashes the 5-tuple): a client whose fragments hash elsewhere than its flow does.
 	frag6Src := client6Where(t, func(src netip.Addr) bool {
-		return fx.expect(flowHashInput(src, vip6, 0, 0, 17, false)) != fx.expect(flowHashInput(src, vip6, 7000, 53, 17, false))
+		return fx.expect(flowHash(src, vip6, 0, 0, 17, false)) != fx.expect(flowHash(src, vip6, 7000, 53, 17, false))
 	})
-	frag6B := fx.expect(flowHashInput(frag6Src, vip6, 0, 0, 17, false))
+	frag6B := fx.expect(flowHash(frag6Src, vip6, 0, 0, 17, false))
 	udpHdr := []byte{0x1b, 0x58, 0, 53, 0, 40, 0, 0} // 7000 -> 53, length 40, no checksum
 	frag6Rest := []byte("the rest of it, 8-byte units")
 	frag6First := frag6(t, frag6Src, layers.IPProtocolUDP, 0, true, udpHdr, nil)
@@ -311,10 +312,10 @@ func drFixtures(t *testing.T) []packetScenario {
 		u.SetNetworkLayerForChecksum(ip)
 		return serialize(t, e, ip, u, gopacket.Payload("query"))
 	}
-	if fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false)) == fx.expect(flowHashInput(vip6, client6, 53, 5353, 17, false)) {
+	if fx.expect(flowHash(client6, vip6, 5353, 53, 17, false)) == fx.expect(flowHash(vip6, client6, 53, 5353, 17, false)) {
 		t.Fatal("fixture does not tell the swapped inner header from the unswapped one")
 	}
-	v6FlowMAC := backMACs[fx.expect(flowHashInput(client6, vip6, 5353, 53, 17, false))]
+	v6FlowMAC := backMACs[fx.expect(flowHash(client6, vip6, 5353, 53, 17, false))]
 	router := netip.MustParseAddr("2001:db8:ffff::1")
 	icmp6 := func(typ, code uint8, body []byte, dst, src net.HardwareAddr) []byte {
 		ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolICMPv6, SrcIP: router.AsSlice(), DstIP: vip6.AsSlice()}
@@ -330,9 +331,9 @@ func drFixtures(t *testing.T) []packetScenario {
 	notOurs6 := icmp6(1, 4, append([]byte{0, 0, 0, 0}, other6[:48]...), lbMAC, clientMAC)
 	echo6 := icmp6(128, 0, []byte{0, 1, 0, 1, 'p', 'i', 'n', 'g'}, lbMAC, clientMAC)
 
-	redirB := fx.expect(flowHashInput(client4, vip4, 4444, 80, 6, false))
-	finB := fx.expect(flowHashInput(client4, vip4, 2323, 80, 6, false))
-	synB := fx.expect(flowHashInput(client4, vip4, 3434, 80, 6, false))
+	redirB := fx.expect(flowHash(client4, vip4, 4444, 80, 6, false))
+	finB := fx.expect(flowHash(client4, vip4, 2323, 80, 6, false))
+	synB := fx.expect(flowHash(client4, vip4, 3434, 80, 6, false))
 	synNext := (synB + 1) % len(backMACs)
 
 	return append([]packetScenario{
@@ -351,7 +352,7 @@ func drFixtures(t *testing.T) []packetScenario {
 		}},
 		{name: "ip options", rig: drRig, cases: []packetCase{
 			tx("options", tcp4(t, client4, vip4, 5555, 80, "S", ipOpts, nil),
-				tcp4(t, client4, vip4, 5555, 80, "S", ipOpts, backMACs[fx.expect(flowHashInput(client4, vip4, 5555, 80, 6, false))])),
+				tcp4(t, client4, vip4, 5555, 80, "S", ipOpts, backMACs[fx.expect(flowHash(client4, vip4, 5555, 80, 6, false))])),
 		}},
 		{name: "fragments", rig: drRig, cases: []packetCase{
 			tx("first fragment", frag(layers.IPv4MoreFragments, 0, nil, vip4, fragTCP), frag(layers.IPv4MoreFragments, 0, backMACs[fragB], vip4, fragTCP)),
@@ -381,13 +382,13 @@ func drFixtures(t *testing.T) []packetScenario {
 			}),
 		}},
 		{name: "ipv6 source_ip", rig: drRig, cases: each(1000, 1010, func(i int) []packetCase {
-			b := fx.expect(flowHashInput(client6, vip6, 0, 0, 6, true))
+			b := fx.expect(flowHash(client6, vip6, 0, 0, 6, true))
 			return []packetCase{tx("v6 source_ip", tcp6(t, client6, uint16(i), nil), tcp6(t, client6, uint16(i), backMACs[b]))}
 		})},
 		{name: "quic", rig: drRig, cases: []packetCase{
 			tx("short header, known server_id", quic(t, quicKnown, false, nil), quic(t, quicKnown, false, backMACs[1])),
 			step("forget the flow so the next case decides anew", forgetFlow(flowKey(client4, vip4, 50000, 443, 17))),
-			tx("initial, client-chosen DCID", quic(t, quicInitial, true, nil), quic(t, quicInitial, true, backMACs[fx.expect(quicInitial)])),
+			tx("initial, client-chosen DCID", quic(t, quicInitial, true, nil), quic(t, quicInitial, true, backMACs[fx.expect(fnv1a(quicInitial))])),
 		}},
 		// A new table (a backend drained or added) moves no established flow; new flows
 		// follow the new table. A backend that leaves the pool (not alive): its flows re-pick.
@@ -401,7 +402,7 @@ func drFixtures(t *testing.T) []packetScenario {
 				step("backend 0 leaves", setBackend(0, Backend{MAC: backMACs[0], Alive: false})),
 			},
 			each(3000, 3020, func(i int) []packetCase {
-				b := fx.expect(flowHashInput(client4, vip4, uint16(i), 80, 6, false))
+				b := fx.expect(flowHash(client4, vip4, uint16(i), 80, 6, false))
 				if b == 0 {
 					b = 2
 				}

@@ -66,7 +66,7 @@ func TestFloodKeepsEstablishedFlow(t *testing.T) {
 		t.Run(kind.name, func(t *testing.T) {
 			fx := setupWith(t, Options{ConnTableSize: floodTable, InsertCap: floodCap})
 			const sport = 4242
-			b := fx.expect(flowHashInput(client4, vip4, sport, 80, 6, false))
+			b := fx.expect(flowHash(client4, vip4, sport, 80, 6, false))
 			run(t, fx.f.Program(), tcp4(t, client4, vip4, sport, 80, "S", nil, nil))
 			other := uint32((b + 1) % len(backMACs))
 			if err := fx.f.SetVIP(VIP{ID: 1, Addr: netip.AddrPortFrom(vip4, 80), Proto: 6, Table: fill(len(fx.table), other)}); err != nil {

@@ -91,7 +91,7 @@ func hardeningFixtures(t *testing.T, fx *fixture) []packetScenario {
 		return tcp4(t, client4, vip4, sport, 80, flags, nil, mac)
 	}
 	hashed := func(sport uint16, dport uint16, proto uint8) uint32 {
-		return uint32(fx.expect(flowHashInput(client4, vip4, sport, dport, proto, false)))
+		return uint32(fx.expect(flowHash(client4, vip4, sport, dport, proto, false)))
 	}
 	next := func(b uint32) uint32 { return (b + 1) % uint32(len(backMACs)) }
 	tcpToB := func(name string, sport uint16, flags string, b uint32) packetCase {
@@ -131,9 +131,9 @@ func hardeningFixtures(t *testing.T, fx *fixture) []packetScenario {
 
 	// Fragments of a source_ip VIP hash as its unfragmented packets do: by the source alone.
 	srcOnly := client6Where(t, func(src netip.Addr) bool {
-		return fx.expect(flowHashInput(src, vip6, 0, 0, 6, false)) != fx.expect(flowHashInput(src, vip6, 0, 0, 6, true))
+		return fx.expect(flowHash(src, vip6, 0, 0, 6, false)) != fx.expect(flowHash(src, vip6, 0, 0, 6, true))
 	})
-	srcOnlyB := fx.expect(flowHashInput(srcOnly, vip6, 0, 0, 6, true)) // where its unfragmented packets go
+	srcOnlyB := fx.expect(flowHash(srcOnly, vip6, 0, 0, 6, true)) // where its unfragmented packets go
 	srcOnlyTCP := tcp6(t, srcOnly, 7000, nil)[14+40:]
 
 	// An entry idle past its VIP's idle_timeout is a miss (the flow re-picks); one idle less

@@ -49,6 +49,12 @@ type lbCounter struct {
 	Bytes   uint64
 }
 
+type lbCpuClock struct {
+	_       structs.HostLayout
+	Jiffies uint64
+	Ns      uint64
+}
+
 type lbFlow struct {
 	_     structs.HostLayout
 	Src   [16]uint8
@@ -66,12 +72,16 @@ type lbInsertBudget struct {
 }
 
 type lbLbConfig struct {
-	_         structs.HostLayout
-	InsertCap uint32
-	NatPortLo uint16
-	NatPortHi uint16
-	NatV4     uint32
-	NatV6     uint32
+	_                structs.HostLayout
+	InsertCap        uint32
+	NatPortLo        uint16
+	NatPortHi        uint16
+	NatV4            uint32
+	NatV6            uint32
+	NatHoldClosing   uint16
+	NatHoldRst       uint16
+	NatHoldUnreplied uint16
+	Pad              uint16
 }
 
 type lbLbPath uint32
@@ -100,6 +110,7 @@ const (
 	lbLbPathPATH_NAT_NO_ROUTE   lbLbPath = 20
 	lbLbPathPATH_NAT_FRAGMENT   lbLbPath = 21
 	lbLbPathPATH_NAT_STRAY      lbLbPath = 22
+	lbLbPathPATH_NAT_RECLAIM    lbLbPath = 23
 	lbLbPathPATH_MAX            lbLbPath = 24
 )
 
@@ -118,10 +129,10 @@ type lbNatEntry struct {
 		Ifindex uint32
 		At      uint64
 	}
-	Timeout  uint32
+	AckB     uint32
 	Idle     uint32
-	Replied  uint32
-	Pad      uint32
+	State    uint32
+	SeqB     uint32
 	LastSeen uint64
 }
 
@@ -137,7 +148,7 @@ type lbNatKey struct {
 
 type lbNatScratchBytes struct {
 	_ structs.HostLayout
-	B [264]uint8
+	B [368]uint8
 }
 
 type lbNatSource struct {
@@ -192,6 +203,7 @@ const (
 	lbMapBackends     = "backends"
 	lbMapConfig       = "config"
 	lbMapConns        = "conns"
+	lbMapCpuClock     = "cpu_clock"
 	lbMapInsertBudget = "insert_budget"
 	lbMapMaglev       = "maglev"
 	lbMapNatReserved  = "nat_reserved"
@@ -267,6 +279,7 @@ type lbMapSpecs struct {
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Config       *ebpf.MapSpec `ebpf:"config"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	CpuClock     *ebpf.MapSpec `ebpf:"cpu_clock"`
 	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	NatReserved  *ebpf.MapSpec `ebpf:"nat_reserved"`
@@ -318,6 +331,7 @@ type lbMaps struct {
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Config       *ebpf.Map `ebpf:"config"`
 	Conns        *ebpf.Map `ebpf:"conns"`
+	CpuClock     *ebpf.Map `ebpf:"cpu_clock"`
 	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	NatReserved  *ebpf.Map `ebpf:"nat_reserved"`
@@ -345,6 +359,7 @@ func (m *lbMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conns,
+		m.CpuClock,
 		m.InsertBudget,
 		m.Maglev,
 		m.NatReserved,

@@ -22,11 +22,47 @@ import (
 	"github.com/stickylb/stickylb/policies/pools"
 )
 
-// Backend and connection flags of NAT (mirror B_NAT and C_NAT in bpf/consts.h).
+// Backend and connection flags of NAT (mirror B_NAT, C_NAT and C_HS in bpf/consts.h).
 const (
 	backendNAT = 4
 	connNAT    = 2
+	connHS     = 8
 )
+
+// What a NAT flow's reply entry knows of its connection (mirror enum nat_state in
+// bpf/consts.h): the bits nat_hold reads.
+const (
+	natReplied   = 1
+	natEmbryonic = 2
+	natShort     = 64
+	natRST       = 128
+)
+
+// How long, at most, a NAT flow holds its port idle (seconds, written into the program's
+// config): once a FIN was believed; after a RST believed (conntrack's CLOSE); and before its
+// client completes the handshake, or a UDP flow's backend first answers (conntrack's
+// unreplied), so that a flood of SYNs, which a listening backend answers, does not hold
+// ports the VIP's idle timeout.
+const (
+	natHoldClosing   = 60
+	natHoldRST       = 10
+	natHoldUnreplied = 30
+)
+
+// natHold is how long entry e holds its port idle, in seconds: the program's nat_hold.
+func natHold(e lbNatEntry) uint32 {
+	h := e.Idle
+	switch {
+	case e.State&natRST != 0:
+		h = min(h, natHoldRST)
+	case e.State&natShort != 0:
+		h = min(h, natHoldClosing)
+	}
+	if e.State&natEmbryonic != 0 || e.State&natReplied == 0 {
+		h = min(h, natHoldUnreplied)
+	}
+	return h
+}
 
 // maxNATSources is how many NAT sources of each family the program holds (MAX_NAT_SOURCES/2).
 const maxNATSources = 8
@@ -73,9 +109,10 @@ func (n NAT) has(v4 bool) bool {
 	return false
 }
 
-// configureNAT writes the sources (IPv4 at 0.., IPv6 at 8..) and the port range.
+// configureNAT writes the sources (IPv4 at 0.., IPv6 at 8..), the port range and the holds.
 func (f *Tables) configureNAT(cfg *lbLbConfig, n NAT) error {
 	cfg.NatPortLo, cfg.NatPortHi = n.ports()
+	cfg.NatHoldClosing, cfg.NatHoldRst, cfg.NatHoldUnreplied = natHoldClosing, natHoldRST, natHoldUnreplied
 	for _, a := range n.Sources {
 		a = a.Unmap()
 		idx := cfg.NatV4
@@ -223,7 +260,7 @@ func nextHopKnown(b *pools.Backend) bool {
 	})
 }
 
-// SweepNAT removes the reply entries of NAT flows idle past their timeout (an entry whose
+// SweepNAT removes the reply entries of NAT flows idle past their hold (an entry whose
 // connection entry was evicted stays until then: the flow's next packet finds it its own
 // and keeps its port, and a backend that speaks first still reaches the client). It returns
 // the entries left.
@@ -233,7 +270,7 @@ func (f *Tables) SweepNAT() (int, error) {
 	var staleSeen []uint64
 	left := 0
 	err := eachEntry(f.objs.NatRev, func(k lbNatKey, e lbNatEntry) {
-		if now > e.LastSeen && now-e.LastSeen > uint64(e.Timeout)*1e9 {
+		if now > e.LastSeen && now-e.LastSeen > uint64(natHold(e))*1e9 {
 			stale, staleSeen = append(stale, k), append(staleSeen, e.LastSeen)
 			return
 		}

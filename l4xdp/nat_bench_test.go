@@ -116,16 +116,25 @@ func writeBytes(tmpl *ebpf.Map, n int16) asm.Instructions {
 // restoring returns a program that writes pkt over its input and tail-calls target. A
 // repeated BPF_PROG_RUN hands every run the buffer the previous run left: a program that
 // rewrites addresses (NAT) would see its own output from the second run on. Every arm of
-// BenchmarkProgRunNAT runs behind this program, so all pay the same copy and tail call.
-func restoring(tb testing.TB, pkt []byte, target *ebpf.Program) *ebpf.Program {
+// BenchmarkProgRunNAT runs behind this program, so all pay the same copy and tail call;
+// forget, when given, are map entries it deletes first (the new-flow arm's: every run
+// starts its flow afresh), which only that arm pays.
+func restoring(tb testing.TB, pkt []byte, target *ebpf.Program, forget ...mapKey) *ebpf.Program {
 	tb.Helper()
-	tmpl, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: uint32(len(pkt)+7) &^ 7, MaxEntries: 1})
+	size := (len(pkt) + 7) &^ 7
+	val := make([]byte, size)
+	copy(val, pkt)
+	var offs []int32
+	for _, f := range forget {
+		offs = append(offs, int32(len(val)))
+		val = append(val, f.key...)
+	}
+	tmpl, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: uint32((len(val) + 7) &^ 7), MaxEntries: 1})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { tmpl.Close() })
-	val := make([]byte, tmpl.ValueSize())
-	copy(val, pkt)
+	val = append(val, make([]byte, int(tmpl.ValueSize())-len(val))...)
 	if err := tmpl.Put(uint32(0), val); err != nil {
 		tb.Fatal(err)
 	}
@@ -134,8 +143,18 @@ func restoring(tb testing.TB, pkt []byte, target *ebpf.Program) *ebpf.Program {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { jump.Close() })
-	insns := append(writeBytes(tmpl, int16(len(pkt)&^1)),
-		asm.LoadMapPtr(asm.R2, jump.FD()), // R1 is still the context
+	insns := append(asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}, writeBytes(tmpl, int16(len(pkt)&^1))...)
+	for i, f := range forget { // R7 is the template: each key lies in it
+		insns = append(insns,
+			asm.LoadMapPtr(asm.R1, f.m.FD()),
+			asm.Mov.Reg(asm.R2, asm.R7),
+			asm.Add.Imm(asm.R2, offs[i]),
+			asm.FnMapDeleteElem.Call(),
+		)
+	}
+	insns = append(insns,
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.LoadMapPtr(asm.R2, jump.FD()),
 		asm.Mov.Imm(asm.R3, 0),
 		asm.FnTailCall.Call(),
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"), // XDP_ABORTED: the tail call failed
@@ -150,6 +169,12 @@ func restoring(tb testing.TB, pkt []byte, target *ebpf.Program) *ebpf.Program {
 		tb.Fatalf("installing the tail call: %v", err)
 	}
 	return p
+}
+
+// mapKey is an entry of a map, by its key's bytes.
+type mapKey struct {
+	m   *ebpf.Map
+	key []byte
 }
 
 // armNftablesNAT passes frames to the stack on l0 (a veth takes XDP_TX'd frames only while
@@ -199,19 +224,21 @@ func BenchmarkLiveNAT(b *testing.B) {
 		{"nftables-nat", lt.armNftablesNAT}})
 }
 
-// progRunNATArm is one arm of BenchmarkProgRunNAT: a packet, what the program must answer.
+// progRunNATArm is one arm of BenchmarkProgRunNAT: a packet, what the program must answer,
+// and the map entries each run deletes first.
 type progRunNATArm struct {
-	name string
-	p    *ebpf.Program
-	pkt  []byte
-	want uint32
+	name   string
+	p      *ebpf.Program
+	pkt    []byte
+	want   uint32
+	forget []mapKey
 }
 
 // benchProgRunArms runs each arm behind restoring, on a thread in namespace ns of kit (where
 // bpf_fib_lookup finds its routes: BPF_PROG_RUN's packets arrive on that namespace's lo).
 func benchProgRunArms(b *testing.B, kit *netnstest.Kit, ns string, arms []progRunNATArm) {
 	for _, arm := range arms {
-		p := restoring(b, arm.pkt, arm.p)
+		p := restoring(b, arm.pkt, arm.p, arm.forget...)
 		b.Run("path="+arm.name, func(b *testing.B) {
 			var ret uint32
 			var d time.Duration
@@ -272,30 +299,75 @@ func BenchmarkProgRunNAT(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	// Establish both flows; the NAT flow's source port is the one its SYN left with.
+	// Establish both flows; the NAT flow's source port is the one its SYN left with, and its
+	// handshake completes (the backend's SYN-ACK, the client's ACK of it), so that its packets
+	// take the established path.
+	natSeg := func(fromClient bool, flags string, seq, ack uint32, port uint16) []byte {
+		if fromClient {
+			return natfxPkt{dstMAC: lbMAC, srcMAC: clientMAC, src: client4, dst: vip4, sport: 4000, dport: 81, proto: 6,
+				flags: flags, payload: []byte("hello")}.at(seq, ack).frame(b)
+		}
+		return natfxPkt{dstMAC: lbMAC, srcMAC: backMACs[1], src: natBackend4.Addr(), dst: natSource4, sport: natBackend4.Port(),
+			dport: port, proto: 6, flags: flags, payload: []byte("hello")}.at(seq, ack).frame(b)
+	}
+	const isnClient, isnBackend = 1000, 7000
+	syn := natfxPkt{dstMAC: lbMAC, srcMAC: clientMAC, src: client4, dst: vip4, sport: 4000, dport: 81, proto: 6, flags: "S"}.at(isnClient, 0).frame(b)
 	var out []byte
 	kit.MustDo("lb", func() error {
 		if ret, _ := run(b, f.Program(), tcp4(b, client4, vip4, 4000, 80, "S", nil, nil)); ret != xdpTX {
 			return fmt.Errorf("the DR SYN: action %d", ret)
 		}
 		var ret uint32
-		if ret, out = run(b, f.Program(), tcp4(b, client4, vip4, 4000, 81, "S", nil, nil)); ret != benchXDPRedirect {
+		if ret, out = run(b, f.Program(), syn); ret != benchXDPRedirect {
 			return fmt.Errorf("the NAT SYN: action %d, want a redirect (to n0)", ret)
+		}
+		port := binary.BigEndian.Uint16(out[14+20:])
+		for _, p := range [][]byte{natSeg(false, "SA", isnBackend, isnClient+1, port), natSeg(true, "A", isnClient+1, isnBackend+1, 0)} {
+			if ret, _ := run(b, f.Program(), p); ret != benchXDPRedirect {
+				return fmt.Errorf("the NAT handshake: action %d", ret)
+			}
 		}
 		return nil
 	})
 	natPort := binary.BigEndian.Uint16(out[14+20:])
-	reply := tcp4(b, natBackend4.Addr(), natSource4, natBackend4.Port(), natPort, "A", nil, nil)
-	copy(reply[0:6], lbMAC)
-	copy(reply[6:12], backMACs[1])
+	// The backend's data, in sequence (the first run moves its sequence number on; the next
+	// ones are the same segment again, as far as the program can tell: the same work).
+	reply := natSeg(false, "PA", isnBackend+1, isnClient+1, natPort)
 	est := tcp4(b, client4, vip4, 4000, 80, "A", nil, nil)
-	benchProgRunArms(b, kit, "lb", []progRunNATArm{
-		{"floor", loadTestProgs(b).FloorXdp, est, xdpTX},
-		{"fib-lookup", fibLookupOnly(b, natSource4, natBackend4.Addr()), est, xdpTX},
-		{"dr-established", f.Program(), est, xdpTX},
-		{"nat-established", f.Program(), tcp4(b, client4, vip4, 4000, 81, "A", nil, nil), benchXDPRedirect},
-		{"nat-reply", f.Program(), reply, benchXDPRedirect},
+	// A new NAT flow: each run deletes its connection and reply entries first, so each one
+	// picks, claims a port (the first it probes, the flow's own hash's) and writes both.
+	newFlow := natfxPkt{dstMAC: lbMAC, srcMAC: clientMAC, src: client4, dst: vip4, sport: 4001, dport: 81, proto: 6, flags: "S"}.at(isnClient, 0).frame(b)
+	var newPort uint16
+	kit.MustDo("lb", func() error {
+		ret, out := run(b, f.Program(), newFlow)
+		if ret != benchXDPRedirect {
+			return fmt.Errorf("the new NAT flow's SYN: action %d", ret)
+		}
+		newPort = binary.BigEndian.Uint16(out[14+20:])
+		return nil
 	})
+	nk := lbNatKey{Lb: natSource4.As16(), Backend: natBackend4.Addr().As16(), Proto: 6}
+	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&nk.LbPort))[:], newPort)
+	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&nk.BackendPort))[:], natBackend4.Port())
+	forget := []mapKey{{f.objs.Conns, keyBytes(b, flowKey(client4, vip4, 4001, 81, 6))}, {f.objs.NatRev, keyBytes(b, nk)}}
+	benchProgRunArms(b, kit, "lb", []progRunNATArm{
+		{"floor", loadTestProgs(b).FloorXdp, est, xdpTX, nil},
+		{"fib-lookup", fibLookupOnly(b, natSource4, natBackend4.Addr()), est, xdpTX, nil},
+		{"dr-established", f.Program(), est, xdpTX, nil},
+		{"nat-established", f.Program(), tcp4(b, client4, vip4, 4000, 81, "A", nil, nil), benchXDPRedirect, nil},
+		{"nat-reply", f.Program(), reply, benchXDPRedirect, nil},
+		{"nat-new-flow", f.Program(), newFlow, benchXDPRedirect, forget},
+	})
+}
+
+// keyBytes is a map key's bytes, as the kernel holds them.
+func keyBytes(tb testing.TB, k any) []byte {
+	tb.Helper()
+	b, err := binary.Append(nil, binary.NativeEndian, k)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
 }
 
 // fibLookupOnly returns a program that does what the floor does beside one bpf_fib_lookup

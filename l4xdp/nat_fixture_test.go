@@ -65,6 +65,16 @@ func rewriteEntries[K, V any](t *testing.T, m *ebpf.Map, fn func(K, *V)) {
 	}
 }
 
+// ageBy is a setup step that moves the program's clock d ahead for every flow: it ages every
+// entry of both tables, as d of real idling would.
+func ageBy(d time.Duration) func(t *testing.T, r *packetRig) {
+	return func(t *testing.T, r *packetRig) {
+		t.Helper()
+		rewriteEntries(t, r.f.objs.NatRev, func(_ lbNatKey, e *lbNatEntry) { e.LastSeen -= uint64(d) })
+		rewriteEntries(t, r.f.objs.Conns, func(_ lbFlow, c *lbConn) { c.LastSeen -= uint64(d) })
+	}
+}
+
 // natRig is a NAT fixtures' rig: newNATRig's namespace and forwarder, with the fixtures'
 // backends and VIPs installed under NAT configuration cfg.
 func natRig(cfg NAT) func(t *testing.T) *packetRig {
@@ -152,7 +162,7 @@ func natFixtures(t *testing.T) []packetScenario {
 	clientRouter, clientRouter6 := netip.MustParseAddr("10.0.0.253"), netip.MustParseAddr("fd00::fd")
 
 	// A retransmitted SYN, a RST that holds the port.
-	rstA := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
+	rstA := newNATConv(t, natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort)))
 	rstB := natFlow(natTCP4, 33001, netip.AddrPortFrom(natLB4, natPort))
 
 	// Checksums that need care: IPv4 options (the ports are past them), and a UDP checksum
@@ -184,17 +194,10 @@ func natFixtures(t *testing.T) []packetScenario {
 	}
 
 	// A flow the backend never answered holds its port NAT_UNREPLIED (30 s) idle, not the
-	// VIP's idle timeout (900 s here). The clock is moved by aging every entry: both tables,
-	// as a second of real idling would.
-	age := func(d time.Duration) func(t *testing.T, r *packetRig) {
-		return func(t *testing.T, r *packetRig) {
-			t.Helper()
-			rewriteEntries(t, r.f.objs.NatRev, func(_ lbNatKey, e *lbNatEntry) { e.LastSeen -= uint64(d) })
-			rewriteEntries(t, r.f.objs.Conns, func(_ lbFlow, c *lbConn) { c.LastSeen -= uint64(d) })
-		}
-	}
+	// VIP's idle timeout (900 s here).
+	age := ageBy
 	unA := natFlow(natTCP4, 33000, netip.AddrPortFrom(natLB4, natPort))
-	unB := natFlow(natTCP4, 33001, netip.AddrPortFrom(natLB4, natPort))
+	unB := newNATConv(t, natFlow(natTCP4, 33001, netip.AddrPortFrom(natLB4, natPort)))
 	unC := natFlow(natTCP4, 33002, netip.AddrPortFrom(natLB4, natPort))
 
 	return []packetScenario{
@@ -314,19 +317,21 @@ func natFixtures(t *testing.T) []packetScenario {
 			counts(map[string]uint64{"icmp_error": 2, "nat_forward": 4}),
 		}},
 		// A retransmitted SYN follows its flow (same port). A RST from the client does not free
-		// the port at once (a forged RST, which the backend ignores, must not hand a live
-		// flow's port to another flow): the backend's answer still reaches the client, a second
+		// the port at once (were it forged, one the backend ignores, it must not hand a live
+		// flow's port to another flow): the backend's packets still reach the client, a second
 		// flow still finds no port (the port is held 10 s), and the same client's new SYN on
 		// the same 5-tuple gets its port back.
 		{name: "nat rst holds the port", rig: natRig(singlePort), cases: []packetCase{
-			in0("syn", rstA.fromClient("S", nil), rstA.toBackend("S", nil)),
-			in0("retransmitted syn", rstA.fromClient("S", nil), rstA.toBackend("S", nil)),
+			rstA.client("S", nil),
+			func() packetCase { rstA.c--; return rstA.client("S", nil) }(), // the same SYN again
+			rstA.backend("SA", nil),
+			rstA.client("A", nil),
 			in0Drop("second flow while the only port is held", rstB.fromClient("S", nil).frame(t)),
-			in0("rst", rstA.fromClient("RA", nil), rstA.toBackend("RA", nil)),
-			in0("the backend's challenge ack", rstA.fromBackend("A", nil), rstA.toClient("A", nil)),
+			rstA.client("RA", nil),
+			rstA.backend("A", nil),
 			in0Drop("second flow right after the first one's RST", rstB.fromClient("S", nil).frame(t)),
-			in0("the client's new syn", rstA.fromClient("S", nil), rstA.toBackend("S", nil)),
-			counts(map[string]uint64{"conn_hit": 2, "conn_miss": 4, "nat_no_port": 2, "tcp_rst": 1, "nat_forward": 4, "nat_reply": 1}),
+			rstA.client("S", nil),
+			counts(map[string]uint64{"conn_hit": 3, "conn_miss": 4, "nat_no_port": 2, "tcp_rst": 1, "nat_forward": 5, "nat_reply": 2}),
 		}},
 		{name: "nat checksum edges", rig: natRig(singlePort), cases: cat(
 			[]packetCase{
@@ -334,18 +339,17 @@ func natFixtures(t *testing.T) []packetScenario {
 				in0("reply with IP options", withOpts(tcp4.fromBackend("SA", nil)), withOpts(tcp4.toClient("SA", nil))),
 			},
 			csumZero)},
-		// Once the backend has answered, the flow idles as the VIP allows: a SYN flood cannot
-		// hold a backend's ports for a quarter of an hour, an answered flow keeps its port.
+		// Once the client has completed the handshake, the flow idles as the VIP allows: a SYN
+		// flood cannot hold a backend's ports for a quarter of an hour, an established flow
+		// keeps its port.
 		{name: "nat unreplied timeout", rig: natRig(singlePort), cases: cat(
 			[]packetCase{
 				in0("syn, never answered", unA.fromClient("S", nil), unA.toBackend("S", nil)),
 				step("31 s idle", age(31*time.Second)),
-			},
-			natHandshake(t, " of a flow that takes the unreplied one's port", unB, "lb0", xdpTX),
-			[]packetCase{
+				unB.client("S", nil), unB.backend("SA", nil), unB.client("A", nil),
 				in0Drop("the unreplied flow again, its port taken", unA.fromClient("S", nil).frame(t)),
 				step("31 s idle", age(31*time.Second)),
-				in0Drop("a flow after 31 s idle of an answered one (the port is held 900 s)", unC.fromClient("S", nil).frame(t)),
+				in0Drop("a flow after 31 s idle of an established one (the port is held 900 s)", unC.fromClient("S", nil).frame(t)),
 				counts(map[string]uint64{"nat_no_port": 2, "nat_reply": 1}),
 			})},
 	}
@@ -364,26 +368,20 @@ func ipv4Checksum(h []byte) uint16 {
 }
 
 // Port exhaustion: ports are allocated per (NAT source, backend, protocol). With a range of
-// two ports, two flows to one backend take both, a third is dropped and counted (never sent
-// unremembered, nor from a port another flow holds), while a flow to another backend, or of
-// another protocol to the same backend, still gets a port.
+// two ports, two established flows to one backend take both, a third is dropped and counted
+// (never sent unremembered, nor from a port another flow holds), while a flow to another
+// backend, or of another protocol to the same backend, still gets a port.
 func TestNATFixturePortExhaustion(t *testing.T) {
 	r := newNATRig(t, Options{})
 	r.install(NAT{Sources: []netip.Addr{natLB4}, PortLow: natPort, PortHigh: natPort + 1})
 	inRange := func(p uint16) bool { return p == natPort || p == natPort+1 }
 	var flows []natfxFlow
 	for _, cport := range []uint16{33000, 33001} {
-		fl := natFlow(natTCP4, cport, netip.AddrPort{})
-		ret, out := r.run(r.lb0, fl.fromClient("S", nil).frame(t))
-		src, port := l4Source(t, out)
-		if ret != xdpTX || src != natLB4 || !inRange(port) {
-			t.Fatalf("flow from %d: action %d, source %s:%d", cport, ret, src, port)
+		cv := newNATConv(t, natFlow(natTCP4, cport, netip.AddrPort{}))
+		if !r.open(cv, natLB4, natPort, natPort+1) || !r.establish(cv) {
+			t.Fatalf("flow from %d: no port, or its handshake dropped", cport)
 		}
-		fl.nat = netip.AddrPortFrom(src, port)
-		if d := byteDiff(out, fl.toBackend("S", nil).frame(t)); d != "" {
-			t.Fatalf("flow from %d:\n%s", cport, d)
-		}
-		flows = append(flows, fl)
+		flows = append(flows, cv.fl)
 	}
 	if flows[0].nat == flows[1].nat {
 		t.Fatalf("two flows to one backend share %s", flows[0].nat)
@@ -394,7 +392,7 @@ func TestNATFixturePortExhaustion(t *testing.T) {
 			t.Fatalf("third flow, try %d: action %d (output %x), want drop", i, ret, out)
 		}
 	}
-	wantCounts(t, r.f, map[string]uint64{"nat_no_port": 2, "nat_forward": 2})
+	wantCounts(t, r.f, map[string]uint64{"nat_no_port": 2, "nat_forward": 4})
 	var k lbFlow
 	k.Src, k.Dst, k.Proto = natClient4.As16(), natVIP4.As16(), 6
 	binary.BigEndian.PutUint16((*[2]byte)(unsafeSlice(&k.Sport))[:], 33002)
@@ -425,7 +423,7 @@ func TestNATFixturePortExhaustion(t *testing.T) {
 			t.Fatalf("flow to %s/%d:\n%s", s.addr, s.proto, d)
 		}
 	}
-	wantCounts(t, r.f, map[string]uint64{"nat_no_port": 2, "nat_forward": 6, "nat_reply": 2})
+	wantCounts(t, r.f, map[string]uint64{"nat_no_port": 2, "nat_forward": 8, "nat_reply": 4})
 }
 
 // Two NAT sources of a family: new flows spread over both (source by the flow's hash), every
@@ -482,28 +480,36 @@ func TestNATFixtureIdlePortReclaimed(t *testing.T) {
 	if err := r.f.SetVIP(VIP{ID: natTCP4b.vipID, Addr: natTCP4b.vip, Proto: 6, IdleTimeout: idle, Table: table}); err != nil {
 		t.Fatal(err)
 	}
-	a := natFlow(natTCP4b, 33000, netip.AddrPortFrom(natLB4, natPort))
-	r.expect("syn", r.lb0, a.fromClient("S", nil).frame(t), xdpTX, a.toBackend("S", nil).frame(t))
-	b := natFlow(natTCP4b, 33001, netip.AddrPortFrom(natLB4, natPort))
+	a := newNATConv(t, natFlow(natTCP4b, 33000, netip.AddrPortFrom(natLB4, natPort)))
+	if !r.send(a, true, "S", nil) || !r.establish(a) {
+		t.Fatal("the first flow's handshake was dropped")
+	}
+	b := newNATConv(t, natFlow(natTCP4b, 33001, netip.AddrPortFrom(natLB4, natPort)))
 	// Until a's entry has been idle past the timeout, b finds no port; the program's clock
 	// is coarse (a few ms): 2 s of slack over the timeout.
+	syn, want := b.seg(true, "S", nil)
 	var ret uint32
 	var out []byte
 	testwait.Until(t, idle+2*time.Second, 100*time.Millisecond, "the idle flow's port taken over", func() (bool, string) {
-		ret, out = r.run(r.lb0, b.fromClient("S", nil).frame(t))
+		ret, out = r.run(r.lb0, syn.frame(t))
 		return ret != xdpDrop, fmt.Sprintf("action %d", ret)
 	})
 	if ret != xdpTX {
 		t.Fatalf("new flow after the timeout: action %d", ret)
 	}
-	if d := byteDiff(out, b.toBackend("S", nil).frame(t)); d != "" {
+	if d := byteDiff(out, want.frame(t)); d != "" {
 		t.Fatalf("new flow after the timeout:\n%s", d)
 	}
-	r.expect("the new flow's reply", r.lb0, b.fromBackend("SA", nil).frame(t), xdpTX, b.toClient("SA", nil).frame(t))
-	if ret, out := r.run(r.lb0, a.fromClient("A", []byte("late")).frame(t)); ret != xdpDrop {
+	if !r.establish(b) {
+		t.Fatal("the new flow's handshake was dropped")
+	}
+	late, _ := a.seg(true, "A", []byte("late"))
+	if ret, out := r.run(r.lb0, late.frame(t)); ret != xdpDrop {
 		t.Fatalf("the idle flow's late packet: action %d, output %x; want drop (its port is the new flow's)", ret, out)
 	}
-	r.expect("the new flow's data", r.lb0, b.fromClient("A", []byte("x")).frame(t), xdpTX, b.toBackend("A", []byte("x")).frame(t))
+	if !r.send(b, true, "A", []byte("x")) {
+		t.Fatal("the new flow's data was dropped")
+	}
 }
 
 // More concurrent flows to one backend than a new flow may probe ports (32): each finds a

@@ -147,6 +147,16 @@ type natfxPkt struct {
 	udpCsum0 bool
 	// opts are IPv4 options.
 	opts []layers.IPv4Option
+	// seq and ack are the TCP sequence and acknowledgement numbers when seqSet (else fixed
+	// ones: 0x01020304, and 0x0a0b0c0d with ACK).
+	seq, ack uint32
+	seqSet   bool
+}
+
+// at is p with TCP sequence number seq and acknowledgement number ack (sent only with ACK).
+func (p natfxPkt) at(seq, ack uint32) natfxPkt {
+	p.seq, p.ack, p.seqSet = seq, ack, true
+	return p
 }
 
 // l3 is the packet from its IP header on (what an ICMP error quotes).
@@ -183,6 +193,12 @@ func (p natfxPkt) frame(t testing.TB) []byte {
 			FIN: strings.Contains(p.flags, "F"), RST: strings.Contains(p.flags, "R")}
 		if tc.ACK {
 			tc.Ack = 0x0a0b0c0d
+		}
+		if p.seqSet {
+			tc.Seq = p.seq
+			if tc.ACK {
+				tc.Ack = p.ack
+			}
 		}
 		if tc.SYN {
 			tc.Options = []layers.TCPOption{{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}}}

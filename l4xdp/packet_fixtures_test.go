@@ -75,27 +75,30 @@ func TestPacketFixtures(t *testing.T) {
 			t.Fatalf("two scenarios named %q", sc.name)
 		}
 		seen[sc.name] = true
-		t.Run(sc.name, func(t *testing.T) {
-			r := sc.rig(t)
-			for i, c := range sc.cases {
-				name := fmt.Sprintf("case %d, %s", i, c.name)
-				if c.setup != nil {
-					c.setup(t, r)
-				}
-				if c.in != nil {
-					ret, out := r.run(t, c.via, c.in)
-					if ret != c.verdict {
-						t.Fatalf("%s: action %d, want %d\noutput %x\nwant   %x", name, ret, c.verdict, out, c.out)
-					}
-					if d := byteDiff(out, c.out); c.out != nil && d != "" {
-						t.Fatalf("%s: output differs from the independently built frame:\n%s\ngot  %x\nwant %x", name, d, out, c.out)
-					}
-				}
-				if c.after != nil {
-					c.after(t, r)
-				}
+		t.Run(sc.name, func(t *testing.T) { r := sc.rig(t); r.runCases(t, sc.cases) })
+	}
+}
+
+// runCases runs cases on the rig, in order, failing at the first that goes otherwise.
+func (r *packetRig) runCases(t *testing.T, cases []packetCase) {
+	t.Helper()
+	for i, c := range cases {
+		name := fmt.Sprintf("case %d, %s", i, c.name)
+		if c.setup != nil {
+			c.setup(t, r)
+		}
+		if c.in != nil {
+			ret, out := r.run(t, c.via, c.in)
+			if ret != c.verdict {
+				t.Fatalf("%s: action %d, want %d\noutput %x\nwant   %x", name, ret, c.verdict, out, c.out)
 			}
-		})
+			if d := byteDiff(out, c.out); c.out != nil && d != "" {
+				t.Fatalf("%s: output differs from the independently built frame:\n%s\ngot  %x\nwant %x", name, d, out, c.out)
+			}
+		}
+		if c.after != nil {
+			c.after(t, r)
+		}
 	}
 }
 

@@ -32,7 +32,8 @@ const (
 // `stickylb xdp stats`.
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
 	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic",
-	"wrr", "wlc", "midstream", "nat_forward", "nat_reply", "nat_no_port", "nat_no_route", "nat_fragment", "nat_stray"}
+	"wrr", "wlc", "midstream", "nat_forward", "nat_reply", "nat_no_port", "nat_no_route", "nat_fragment", "nat_stray",
+	"nat_reclaim"}
 
 const numPaths = uint32(len(pathNames))
 

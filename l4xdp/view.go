@@ -140,6 +140,12 @@ func checkView(f *pools.File) error {
 		if s.Protocol != pools.ProtocolTCP && s.Protocol != pools.ProtocolUDP {
 			errs = append(errs, fmt.Errorf("service %s: protocol %q: want tcp or udp", s.Name, s.Protocol))
 		}
+		for _, b := range s.Backends {
+			// The tables scale weights (weightScale): beyond the pools file's bound they wrap.
+			if b.Weight > pools.MaxWeight {
+				errs = append(errs, fmt.Errorf("service %s: backend %s: weight %d out of range 1..%d", s.Name, b.Address, b.Weight, pools.MaxWeight))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

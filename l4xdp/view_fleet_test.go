@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -33,6 +32,19 @@ func newFedLoader(t *testing.T, zone string) *Loader {
 // does.
 func feed(t *testing.T, l *Loader, src string, verdicts map[string]fleetview.Verdict) {
 	t.Helper()
+	v, err := decodeFed(t, src, verdicts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ApplyView(v.File, fedVerdicts(v)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// decodeFed is the view a control plane builds from src and verdicts, its load assignments
+// edited by edit (nil: as built), as a node decodes it.
+func decodeFed(t *testing.T, src string, verdicts map[string]fleetview.Verdict, edit func([]*endpointv3.ClusterLoadAssignment)) (*fleetview.View, error) {
+	t.Helper()
 	f, err := pools.Parse("pools.yaml", []byte(src))
 	if err != nil {
 		t.Fatal(err)
@@ -40,24 +52,21 @@ func feed(t *testing.T, l *Loader, src string, verdicts map[string]fleetview.Ver
 	cs, ls := fleetview.Encode(f, func(svc string, b *pools.Backend) fleetview.Verdict {
 		return verdicts[fleetview.Key(svc, b.Identity())]
 	})
-	byName := func(cs []*clusterv3.Cluster, ls []*endpointv3.ClusterLoadAssignment) (map[string]proto.Message, map[string]proto.Message) {
-		c, e := map[string]proto.Message{}, map[string]proto.Message{}
-		for i := range cs {
-			c[cs[i].GetName()], e[ls[i].GetClusterName()] = cs[i], ls[i]
-		}
-		return c, e
+	if edit != nil {
+		edit(ls)
 	}
-	c, e := byName(cs, ls)
-	v, err := fleetview.Decode(c, e)
-	if err != nil {
-		t.Fatal(err)
+	c, e := map[string]proto.Message{}, map[string]proto.Message{}
+	for i := range cs {
+		c[cs[i].GetName()], e[ls[i].GetClusterName()] = cs[i], ls[i]
 	}
-	fed := func(service, id string) Verdict {
+	return fleetview.Decode(c, e)
+}
+
+// fedVerdicts hands v's verdicts to a loader, as `stickylb xdp --xds` does.
+func fedVerdicts(v *fleetview.View) Verdicts {
+	return func(service, id string) Verdict {
 		vd := v.Verdict(service, id)
 		return Verdict{State: vd.State, Since: vd.Since, From: vd.From}
-	}
-	if err := l.ApplyView(v.File, fed); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -197,7 +197,17 @@ func TestXDPNodeNACK(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitOneNACK(t, s)
-	settled := s.Stats.Pushes.Load()
+	// The rollback is pushed after the NACK is counted, by go-control-plane's goroutine:
+	// settled is the count once pushes have stopped for 200 ms (a server re-sending the
+	// rejected version never stops, within the NACK hold's 200 ms cap, and fails here).
+	last, since := s.Stats.Pushes.Load(), time.Now()
+	testwait.For(t, 5*time.Second, "pushes settled after the rollback", func() (bool, string) {
+		if p := s.Stats.Pushes.Load(); p != last {
+			last, since = p, time.Now()
+		}
+		return time.Since(since) >= 200*time.Millisecond, fmt.Sprintf("%d pushes since the bad version", last-pushes)
+	})
+	settled := last
 	// Bounded observation: a server re-sending the rejected version would do so within the
 	// client's NACK hold (20 ms doubling to 200 ms here), so 1 s would show several.
 	time.Sleep(time.Second)

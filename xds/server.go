@@ -68,6 +68,7 @@ type stream struct {
 	keyNode  *corev3.Node // what the cache sees as the stream's node (its Id is key)
 	admitted bool         // the first request was accepted
 	acks     acks         // what the stream was set, ACKed and rejected (acks.go)
+	names    namedAsks    // what it asks for by name (named.go)
 }
 
 // nodeEntry counts a node id's live streams and holds the identity they share.
@@ -210,6 +211,7 @@ func NewServer(ctx context.Context, f *pools.File, view HealthView, log *zap.Log
 			s.closed(id)
 		},
 		StreamRequestFunc: func(id int64, req *discoverygrpc.DiscoveryRequest) error {
+			s.askNames(id, req.GetTypeUrl(), req.GetResourceNames())
 			node, err := s.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(),
 				req.GetErrorDetail() != nil, req.GetVersionInfo())
 			if err == nil {
@@ -297,7 +299,7 @@ func (s *Server) open(ctx context.Context, id int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.streams[id] = &stream{id: id, key: "stream/" + strconv.FormatInt(id, 10), identity: ident, opened: time.Now(),
-		acks: newAcks()}
+		acks: newAcks(), names: namedAsks{}}
 	s.peakStreams = max(s.peakStreams, len(s.streams))
 	return nil
 }
@@ -452,7 +454,7 @@ func (s *Server) serveLocked(st *stream, snap *cachev3.Snapshot) {
 	if s.holding.Load() || !st.acks.set(snap) {
 		return
 	}
-	if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, snap); err != nil {
+	if err := s.setLocked(st, snap); err != nil {
 		s.log.Error("setting a snapshot", zap.String("node", st.node.ID), zap.Error(err))
 	}
 }
@@ -546,7 +548,7 @@ func (s *Server) nackLocked(st *stream, typeURL, nonce, detail string) {
 		zap.String("version", rejected), zap.String("nonce", nonce), zap.String("error", detail))
 	if rollback != nil {
 		s.Stats.Rollbacks.Add(1)
-		if err := s.cacheOf(st).SetSnapshot(context.Background(), st.key, rollback); err != nil {
+		if err := s.setLocked(st, rollback); err != nil {
 			s.log.Error("rolling back", zap.String("node", st.node.ID), zap.Error(err))
 		}
 	}

@@ -1,16 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stickylb/stickylb/internal/testkit/netnstest"
 )
@@ -29,41 +23,8 @@ func TestXDPMountsBPFFS(t *testing.T) {
 	bin := buildBinary(t)
 	p := write(t, "pools.yaml", strings.Replace(xdpPools, "{address: 10.200.0.77:80}",
 		"{address: 10.200.0.77:80, mac: \"02:00:00:00:00:77\"}", 1))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", kit.Name("lb"), bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic")
-	// The loader writes its log straight into a file: a strings.Builder would be written by
-	// exec's copying goroutine while the test reads it.
-	logf, err := os.Create(filepath.Join(t.TempDir(), "xdp.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd.Stderr = logf
-	logs := func() string { b, _ := os.ReadFile(logf.Name()); return string(b) }
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	}()
-	// The minute of ctx bounds this read: the process is killed and stdout closes.
-	ready := false
-	for sc := bufio.NewScanner(stdout); sc.Scan(); {
-		if sc.Text() == "ready" {
-			ready = true
-			break
-		}
-	}
-	if !ready {
-		cmd.Wait()
-		t.Fatalf("stickylb xdp did not start: %s", logs())
-	}
+	proc := startXDPProc(t, kit, "lb", bin, "xdp", "--pools", p, "--iface", "d0", "--mode", "generic")
+	cmd, logs := proc.cmd, proc.logs
 	// ip netns exec execs the loader: its PID is the loader's, and its mountinfo shows the
 	// mount namespace the loader runs in.
 	mi, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/mountinfo")

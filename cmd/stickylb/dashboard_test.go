@@ -102,7 +102,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	// --metrics` registers them.
 	xreg := prometheus.NewRegistry()
 	xreg.MustRegister(xdpCollector{})
-	xdpMetricsHandler(nil, xreg, nil, nil, zap.NewNop())
+	xdpMetricsHandler(nil, xreg, nil, nil, nil, zap.NewNop())
 	describe("xdp", xreg)
 
 	// The BGP speaker's, which `stickylb xdp --bgp-*` adds to the node's.

@@ -204,6 +204,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return 1
 	}
+	warnRefused(stderr, f)
 	if !*quiet {
 		backends := 0
 		for _, s := range f.Services {

@@ -70,6 +70,40 @@ func TestValidateSaysWhatNeedsNAT(t *testing.T) {
 	}
 }
 
+// TestValidateWarnsOfRefusedEndpoints: validate warns, naming each, of the backends that
+// nodes fed by the control plane would leave out (loopback, link-local, unspecified; of the
+// services XDP and Caddy nodes are sent); the exit code stays 0 and -q keeps the warnings.
+func TestValidateWarnsOfRefusedEndpoints(t *testing.T) {
+	p := write(t, "loop.yaml", `services:
+  - name: api
+    protocol: http
+    backends:
+      - {address: 127.0.0.1:2019}
+      - {address: 10.0.7.1:80}
+  - name: edge
+    protocol: tcp
+    vip: 10.0.0.100:80
+    backends:
+      - {address: 169.254.169.254:80, mac: "02:00:00:00:00:01"}
+  - name: envoy-only
+    protocol: tcp
+    listen: 0.0.0.0:9000
+    backends:
+      - {address: 127.0.0.1:9001}
+`)
+	for _, args := range [][]string{{"validate", p}, {"validate", "-q", p}} {
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], p+":5:") || !strings.Contains(lines[0], "warning: service api: backend 127.0.0.1:2019") ||
+			!strings.Contains(lines[0], "loopback") || !strings.HasPrefix(lines[1], p+":11:") || !strings.Contains(lines[1], "169.254.169.254:80") {
+			t.Fatalf("%v: stderr\n%s\nwant a warning for 127.0.0.1:2019 (line 5) and 169.254.169.254:80 (line 11), none for envoy-only", args, errb.String())
+		}
+	}
+}
+
 func TestValidateReportsEveryError(t *testing.T) {
 	p := write(t, "bad.yaml", `services:
   - name: web

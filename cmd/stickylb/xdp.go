@@ -107,7 +107,7 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	stopMetrics, err := serveXDPMetrics(fl.metrics, l, edits, rt, log)
+	stopMetrics, err := serveXDPMetrics(fl.metrics, l, edits, rt, nil, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
 		return 1
@@ -123,15 +123,16 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 
 // serveXDPMetrics serves, at m, the forwarder's counters and more (Prometheus, at
 // /metrics) and l's status page (at /; with the pools file's refused edits when edits is
-// not nil, and what the node announces with BGP), to requests for m's Host names only,
-// until the function it returns is called. An empty address serves nothing.
-func serveXDPMetrics(m httpAddr, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, log *zap.Logger, more ...prometheus.Collector) (stop func(), err error) {
+// not nil, what the node announces with BGP, and how it stands with its control plane when
+// feed is not nil), to requests for m's Host names only, until the function it returns is
+// called. An empty address serves nothing.
+func serveXDPMetrics(m httpAddr, l *l4xdp.Loader, edits *status.ConfigLog, rt *xdpRouting, feed func() *status.Feed, log *zap.Logger, more ...prometheus.Collector) (stop func(), err error) {
 	if m.addr == "" {
 		return func() {}, nil
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(append(append([]prometheus.Collector{xdpCollector{l.Tables()}}, rt.collectors()...), more...)...)
-	_, stop, err = serveAdmin(m.addr, m.hosts, xdpMetricsHandler(l, reg, edits, rt.status, log), log)
+	_, stop, err = serveAdmin(m.addr, m.hosts, xdpMetricsHandler(l, reg, edits, rt.status, feed, log), log)
 	return stop, err
 }
 
@@ -150,10 +151,11 @@ var (
 	descActiveBackend  = prometheus.NewDesc("stickylb_xdp_backend_active_connections", "Active connections of a backend, counted from the client side.", []string{"service", "backend"}, nil)
 	descActiveZone     = prometheus.NewDesc("stickylb_xdp_zone_active_connections", "Active connections to a zone's backends.", []string{"service", "zone"}, nil)
 	descInsertsRefused = prometheus.NewDesc("stickylb_xdp_conn_inserts_refused_total", "New flows forwarded but not remembered: a CPU's connection-table insert cap for the second was spent (flood guard).", nil, nil)
+	descNATReclaimed   = prometheus.NewDesc("stickylb_xdp_nat_holds_reclaimed_total", "NAT source ports taken back from flows whose client had not completed the handshake, for new flows that found no free port (SYN flood guard).", nil, nil)
 )
 
 func (xdpCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused, descActiveBackend, descActiveZone} {
+	for _, d := range []*prometheus.Desc{descPathPackets, descPathBytes, descVIPPackets, descVIPBytes, descBackendPackets, descBackendBytes, descConnTable, descInsertsRefused, descNATReclaimed, descActiveBackend, descActiveZone} {
 		ch <- d
 	}
 }
@@ -191,6 +193,7 @@ func (c xdpCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descConnTable, st.Paths["conn_hit"].Packets, "hit")
 	counter(descConnTable, st.Paths["conn_miss"].Packets, "miss")
 	counter(descInsertsRefused, st.Paths["insert_refused"].Packets)
+	counter(descNATReclaimed, st.Paths["nat_reclaim"].Packets)
 }
 
 // xdpStats prints the pinned forwarder's counters as JSON: it needs no running loader.

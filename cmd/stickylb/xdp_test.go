@@ -139,6 +139,7 @@ func TestXDPXDSFlags(t *testing.T) {
 	}{
 		{[]string{"--pools", p, "--xds", "127.0.0.1:18000", "--iface", "lo"}, "--pools and --xds exclude each other"},
 		{[]string{"--pools", p, "--node-id", "h/xdp/lo", "--iface", "lo"}, "go with --xds"},
+		{[]string{"--pools", p, "--allow-loopback", "--iface", "lo"}, "go with --xds"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-ca", "/nonexistent/ca.pem", "--iface", "lo"}, "reading the CA file"},
 		{[]string{"--xds", "127.0.0.1:1", "--xds-cert", "n.pem", "--iface", "lo"}, "certificate and key go together"},
 		{[]string{"--pools", p, "--admin-host", "lb1.example", "--iface", "lo"}, "--admin-host goes with --metrics"},

@@ -16,7 +16,7 @@ const xdpUsage = `usage:
                [--bgp-asn N --bgp-peer ADDR@ASN[,...] [--bgp-router-id A] [--bgp-hold D] [--bgp-next-hop A]
                 [--bgp-community ASN:V]... [--bgp-password-file F] [--bgp-graceful-restart] [--drain-time D] [--run-dir DIR]]
                                                    announce the VIPs to routers over BGP (both modes)
-  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
+  stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]] [--allow-loopback]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
                                                    the view from a control plane (stickylb xds)
@@ -76,6 +76,7 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	fs.StringVar(&xn.ca, "xds-ca", "", "CA bundle (PEM) that signs the control plane's certificate: TLS")
 	fs.StringVar(&xn.cert, "xds-cert", "", "client certificate (PEM) for mTLS")
 	fs.StringVar(&xn.key, "xds-key", "", "client key (PEM) for mTLS")
+	fs.BoolVar(&xn.allowLoopback, "allow-loopback", false, "with --xds, forward to backends on loopback addresses (demos, tests); left out otherwise, as link-local and unspecified ones always are")
 	var nat natFlags
 	nat.register(fs)
 	fl.bgp.register(fs)
@@ -90,8 +91,8 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 		fmt.Fprint(stderr, "stickylb xdp: --pools and --xds exclude each other: a node takes its services and health from a file (and probes itself) or from a control plane\n")
 		return fl, errXDPUsage
 	}
-	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "") {
-		fmt.Fprint(stderr, "stickylb xdp: --node-id and --xds-* go with --xds\n")
+	if xn.server == "" && (xn.nodeID != "" || xn.ca != "" || xn.cert != "" || xn.key != "" || xn.allowLoopback) {
+		fmt.Fprint(stderr, "stickylb xdp: --node-id, --allow-loopback and --xds-* go with --xds\n")
 		return fl, errXDPUsage
 	}
 	if err := checkAdminHosts("--metrics", fl.metrics.addr, fl.metrics.hosts); err != nil {

@@ -16,12 +16,15 @@ import (
 	"github.com/stickylb/stickylb/adsclient"
 	"github.com/stickylb/stickylb/fleetview"
 	"github.com/stickylb/stickylb/l4xdp"
+	"github.com/stickylb/stickylb/policies/status"
 )
 
 // xdsNode is how `stickylb xdp --xds` reaches its control plane.
 type xdsNode struct {
 	server, nodeID, zone string // server: one address, or the replicas' comma-separated
 	ca, cert, key        string
+	// allowLoopback admits endpoints on loopback addresses (demos, tests).
+	allowLoopback bool
 }
 
 // defaultNodeID is HOST/xdp/IFACE: unique per interface of a host, stable across restarts.
@@ -53,13 +56,12 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics httpA
 	}
 	// SIGTERM leaves the program and its pinned maps forwarding; a new loader adopts them.
 	defer l.Close()
-	a := &fleetview.Assembler{Apply: func(v *fleetview.View) error {
-		if err := l.ApplyView(v.File, verdictsOf(v)); err != nil {
-			return fmt.Errorf("applying the view: %w", err)
-		}
-		log.Info("view applied", zap.Int("services", len(v.File.Services)))
-		return nil
-	}}
+	if n.ca == "" && n.cert == "" && n.key == "" {
+		log.Warn("the stream to the control plane has no TLS: whoever can reach it, or the path to it, can feed this node backends; set --xds-ca (and --xds-cert, --xds-key)")
+	}
+	feed := newXDPFeed(l, c, n, metrics.addr, log)
+	defer feed.applied.Stop()
+	a := feed.asm
 	// Wildcard subscriptions, filtered here: the snapshot cache answers a named one only
 	// when it names every resource of the type.
 	if err := c.Subscribe(resource.ClusterType, a.Clusters); err != nil {
@@ -70,7 +72,8 @@ func runXDPFleet(ctx context.Context, cfg l4xdp.Config, n xdsNode, metrics httpA
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	stopMetrics, err := serveXDPMetrics(metrics, l, nil, rt, log, c.Collector())
+	fs := func() *status.Feed { fd := feed.status(n.server, n.nodeID); return &fd }
+	stopMetrics, err := serveXDPMetrics(metrics, l, nil, rt, fs, log, c.Collector())
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
 		return 1

@@ -16,8 +16,9 @@ import (
 // status.json beside it, and the Prometheus metrics at every other path (as before the page,
 // so scrapers of any path keep working). Unauthenticated and read-only: keep it private.
 // edits, the record of the pools file's edits, is nil on a node fed by a control plane;
-// routing, what the node announces, nil without BGP. It adds stickylb_build_info to reg.
-func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, routing func() *status.Routing, log *zap.Logger) http.Handler {
+// routing, what the node announces, nil without BGP; feed, how a node fed by a control
+// plane stands with it, nil on the others. It adds stickylb_build_info to reg.
+func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.ConfigLog, routing func() *status.Routing, feed func() *status.Feed, log *zap.Logger) http.Handler {
 	reg.MustRegister(buildinfo.Collector())
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -32,6 +33,9 @@ func xdpMetricsHandler(l *l4xdp.Loader, reg *prometheus.Registry, edits *status.
 		snap.Config = edits.File()
 		if routing != nil {
 			snap.Routing = routing()
+		}
+		if feed != nil {
+			snap.AddFeed(*feed())
 		}
 		if err := status.ServeJSON(w, snap); err != nil {
 			log.Debug("writing status.json", zap.Error(err))

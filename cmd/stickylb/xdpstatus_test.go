@@ -34,7 +34,7 @@ func TestXDPMetricsAddressServesStatus(t *testing.T) {
 	reg.MustRegister(xdpCollector{l.Tables()})
 	edits := status.NewConfigLog("pools.yaml", time.Now())
 	edits.Refused(time.Now(), []string{"pools.yaml:4:10: vip \"nonsense\": want ip:port"})
-	h := httptest.NewServer(xdpMetricsHandler(l, reg, edits, nil, zaptest.NewLogger(t)))
+	h := httptest.NewServer(xdpMetricsHandler(l, reg, edits, nil, nil, zaptest.NewLogger(t)))
 	defer h.Close()
 	get := func(path string) (*http.Response, string) {
 		t.Helper()

@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/stickylb/stickylb/internal/certpool"
 	"github.com/stickylb/stickylb/internal/healthlog"
@@ -100,11 +99,7 @@ func grpcOptions(o xdsOptions) ([]grpc.ServerOption, error) {
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
-	return append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Find streams whose node vanished without closing them within a minute: until
-		// then their node id is taken (a reconnect from another address or certificate is
-		// refused) and their state is kept.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 20 * time.Second})), nil
+	return append(opts, xds.ServerOptions()...), nil
 }
 
 // controlPlane is the xDS server and the health checks that feed it.

@@ -45,6 +45,16 @@ static __always_inline int insert_allowed(__u64 now)
 	return 1;
 }
 
+/* budget_spent says, without spending any, whether this CPU's inserts for the current second
+ * are spent: a new flow will not be remembered. */
+static __always_inline int budget_spent(__u64 now)
+{
+	__u32 zero = 0;
+	struct lb_config *cfg = bpf_map_lookup_elem(&config, &zero);
+	struct insert_budget *ib = bpf_map_lookup_elem(&insert_budget, &zero);
+	return cfg && ib && cfg->insert_cap != 0 && now - ib->window < NSEC_PER_SEC && ib->used >= cfg->insert_cap;
+}
+
 /* uncount takes entry c out of its backend's active connections, once: of every CPU that
  * sees the flag set, only the one whose atomic clear found it set subtracts. A slot that
  * changed hands since (another generation) had its count reset by the loader. */

@@ -12,12 +12,12 @@
 #define MAX_NAT_SOURCES 16 /* IPv4 sources at 0..7, IPv6 at 8..15 */
 #define NAT_PROBES 32      /* ports a new NAT flow tries before it is dropped (as Linux's
 			    * NAT gives up after a bounded number of attempts) */
-#define NAT_CLOSING 60     /* seconds a NAT flow may stay idle once a FIN was seen */
-#define NAT_UNREPLIED 30   /* seconds a NAT flow holds its port before the backend's first reply
-			    * (conntrack's unreplied UDP; a SYN flood holds each port this long, not
-			    * the VIP's idle timeout) */
-#define NAT_RST 10         /* seconds a NAT flow holds its port after a RST from either side
-			    * (conntrack's CLOSE): a forged RST does not free a live flow's port */
+/* How long a NAT flow holds its port after a FIN, after a RST, and before its handshake
+ * completes (or a UDP flow's first reply) is the loader's to say: lb_config's nat_hold_*. */
+#define NAT_WINDOW 65536   /* how far from the sequence number the program expects a NAT flow's
+			    * TCP segment may start and still be believed the flow's own (the
+			    * largest window a peer can offer unscaled): a blind forger guesses
+			    * within it once in 65,536 tries */
 #define WLC_SCAN 16 /* weighted least connections scans pools up to this size; above it, the
 		     * weighted power of two choices */
 
@@ -49,6 +49,26 @@ enum conn_flags {
 			* holds the way back */
 	C_SYN = 4,     /* only the client's SYN seen so far: a SYN that finds the entry is a
 			* retransmission and follows it (and counts no second time) */
+	C_HS = 8,      /* a NAT flow whose client has not completed the handshake yet: each of
+			* its packets is checked against its reply entry (nat_refresh) until one
+			* acknowledges the backend's SYN-ACK */
+};
+
+/* What a NAT flow's reply entry knows of its connection (nat_entry's state). Bit 0 is where
+ * the version before kept `replied` (1), so its entries read as replied, nothing else known. */
+enum nat_state {
+	NS_REPLIED = 1, /* the backend has answered (TCP: with a SYN-ACK that acknowledges the
+			 * client's SYN) */
+	NS_EMB = 2,     /* TCP: the client has not completed the handshake (no ACK of the
+			 * backend's SYN-ACK): held at most nat_hold_unreplied, and the first hold
+			 * taken back when a new flow finds no free port */
+	NS_ACK = 4,     /* ack_b holds the next sequence number expected from the client */
+	NS_SEQ = 8,     /* seq_b holds the next sequence number expected from the backend */
+	NS_FIN_C = 16,  /* a FIN from the client, believed */
+	NS_FIN_B = 32,  /* a FIN from the backend, believed */
+	NS_SHORT = 64,  /* a FIN's hold (nat_hold_closing) in force: a segment carrying data
+			 * lifts it, unless both sides have sent their FIN */
+	NS_RST = 128,   /* a RST believed: nat_hold_rst, for good */
 };
 
 enum lb_path {
@@ -81,5 +101,8 @@ enum lb_path {
 	PATH_NAT_STRAY = 22,   /* TCP/UDP to a NAT source and a port of the NAT range that no NAT
 				* flow holds (a reply after its flow ended): dropped, so the host
 				* does not answer the backend with a RST */
+	PATH_NAT_RECLAIM = 23, /* new NAT flow given the port of another whose client had not
+				* completed the handshake (no free port within its probes; the oldest
+				* such hold it met) */
 	PATH_MAX = 24,
 };

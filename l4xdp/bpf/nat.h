@@ -27,6 +27,20 @@ struct rewrite {
 	__be16 dport;
 };
 
+/* What the program reads of a NAT packet's TCP header. */
+struct tcp_seg {
+	__u32 seq;
+	__u32 ack;
+	__u32 end;  /* the sequence number after it: seq + payload + SYN + FIN */
+	__u32 len;  /* payload bytes */
+	__u8 syn;
+	__u8 ackf;  /* the ACK flag */
+	__u8 fin;
+	__u8 rst;
+	__u8 tcp;   /* 1: the fields above are a TCP header's; 0: not TCP */
+	__u8 pad[3];
+};
+
 /* A CPU's scratch space for NAT: an XDP program's stack is 512 bytes for its whole call
  * chain, too few for these beside the forwarding path's own (a program runs to its end on
  * one CPU before the next packet there, so one slot per CPU is enough). */
@@ -36,6 +50,15 @@ struct nat_scratch {
 	struct nat_entry e;
 	struct rewrite rw;
 	struct rewrite in;
+	struct flow victim; /* nat_reclaim: the flow whose hold it takes */
+	/* nat_new and nat_alloc: the new flow's TCP header, and the oldest unfinished hold the
+	 * port probe met. Kept here rather than in registers, which the verifier follows value
+	 * by value: each case would be another path through the probe loop. */
+	struct tcp_seg seg;
+	__u64 oldest;
+	__be16 victim_port;
+	__u16 pad[3];
+	struct conn nc; /* nat_new: the new flow's connection entry */
 };
 
 /* The map's value is opaque bytes: bpf_fib_lookup's anonymous unions have no Go type. */
@@ -164,7 +187,7 @@ static __always_inline int rewrite_packet(struct ethhdr *eth, void *data_end, in
 static __always_inline int nat_send(struct xdp_md *ctx, struct ethhdr *eth, int v6, const __u8 *src, const __u8 *dst,
 				    struct next_hop *nh, __u64 len)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	if (!nh->at || now > nh->at + NSEC_PER_SEC) {
 		struct nat_scratch *sc = scratch();
 		if (!sc)
@@ -244,25 +267,140 @@ static __always_inline int flow_eq(const struct flow *a, const struct flow *b)
 	return words_eq(a, b, sizeof(struct flow) / 2);
 }
 
-/* nat_own says whether the reply entry at k is flow f's own (its connection entry was
- * evicted or reset: the flow keeps its port, another would be another connection to the
- * backend), and refreshes it as a flow that starts again (unreplied until the backend
- * answers). */
-static __noinline int nat_own(struct nat_key *k, const struct flow *f, __u64 now)
+/* tcp_seg_of reads the TCP header of the packet in ctx (IPv4 with or without options, IPv6
+ * with none: what the forwarder hands NAT); the payload's length comes from the IP header,
+ * not the frame, which may be padded. Returns -1 when it is not TCP or is truncated. */
+static __always_inline int tcp_seg_of(struct xdp_md *ctx, struct tcp_seg *s)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	struct tcphdr *t;
+	__u32 l3len; /* IP payload: the TCP header and its data */
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end || ip->nexthdr != IPPROTO_TCP)
+			return -1;
+		t = (void *)(ip + 1);
+		l3len = bpf_ntohs(ip->payload_len);
+	} else {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5)
+			return -1;
+		t = (void *)ip + ip->ihl * 4;
+		__u32 tot = bpf_ntohs(ip->tot_len), hl = ip->ihl * 4;
+		l3len = tot > hl ? tot - hl : 0;
+	}
+	if ((void *)(t + 1) > data_end)
+		return -1;
+	__u32 doff = t->doff * 4;
+	s->seq = bpf_ntohl(t->seq);
+	s->ack = bpf_ntohl(t->ack_seq);
+	s->len = l3len > doff ? l3len - doff : 0;
+	s->syn = t->syn;
+	s->ackf = t->ack;
+	s->fin = t->fin;
+	s->rst = t->rst;
+	s->end = s->seq + s->len + s->syn + s->fin;
+	s->tcp = 1;
+	return 0;
+}
+
+/* nat_hold is how long, in seconds, entry e holds its port idle: the VIP's idle timeout,
+ * shortened after a RST or a FIN believed, and before the handshake completes (a UDP flow:
+ * before the backend answers). */
+static __always_inline __u64 nat_hold(const struct lb_config *cfg, const struct nat_entry *e)
+{
+	__u32 st = e->state, h = e->idle;
+	if ((st & NS_RST) && h > cfg->nat_hold_rst)
+		h = cfg->nat_hold_rst;
+	else if ((st & NS_SHORT) && h > cfg->nat_hold_closing)
+		h = cfg->nat_hold_closing;
+	if (((st & NS_EMB) || !(st & NS_REPLIED)) && h > cfg->nat_hold_unreplied)
+		h = cfg->nat_hold_unreplied;
+	return h;
+}
+
+/* nat_state_set and nat_state_clear change bits of e's state atomically, and only when they
+ * would change it: the client's and the backend's packets of one flow may run on two CPUs at
+ * once, and a lost update could leave an established flow taken for an unfinished one. */
+static __always_inline void nat_state_set(struct nat_entry *e, __u32 bits)
+{
+	if ((e->state & bits) != bits)
+		__sync_fetch_and_or((__u32 *)&e->state, bits);
+}
+
+static __always_inline void nat_state_clear(struct nat_entry *e, __u32 bits)
+{
+	if (e->state & bits)
+		__sync_fetch_and_and((__u32 *)&e->state, ~bits);
+}
+
+/* nat_probe looks at the port at k, which an insert found held, for the new flow f (fresh:
+ * its entry). It returns 1 when the hold is f's own (its connection entry was evicted or
+ * reset: the flow keeps its port, another would be another connection to the backend), then
+ * refreshed: a flow that starts again (a TCP SYN on the 5-tuple, or UDP: restart) takes
+ * fresh's state, a new handshake, unreplied until the backend answers; a TCP segment of the
+ * same connection keeps what is known of it. It returns 2 when the hold is idle past its
+ * end and this CPU claimed it by compare-and-swap (of CPUs racing for it only one does; the
+ * caller removes it, and whoever inserts first then takes the port). Otherwise 0, after
+ * noting the hold in the scratch space when it is the oldest unfinished one met so far. */
+static __noinline int nat_probe(struct nat_key *k, const struct flow *f, const struct nat_entry *fresh, int restart)
 {
 	struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
-	if (!o || !flow_eq(&o->client, f))
+	struct nat_scratch *sc = scratch();
+	struct lb_config *cfg = lb_config();
+	if (!o || !sc || !cfg)
 		return 0;
-	o->last_seen = now;
-	o->replied = 0;
-	o->timeout = o->idle < NAT_UNREPLIED ? o->idle : NAT_UNREPLIED;
-	return 1;
+	__u64 now = fresh->last_seen, seen = o->last_seen;
+	if (flow_eq(&o->client, f)) {
+		o->last_seen = now;
+		if (restart) {
+			o->ack_b = fresh->ack_b;
+			o->seq_b = 0;
+			o->state = fresh->state;
+		}
+		return 1;
+	}
+	if (now > seen && now - seen > nat_hold(cfg, o) * NSEC_PER_SEC)
+		return __sync_val_compare_and_swap(&o->last_seen, seen, now) == seen ? 2 : 0;
+	if ((o->state & NS_EMB) && (!sc->victim_port || seen < sc->oldest)) {
+		sc->victim_port = k->lb_port;
+		sc->oldest = seen;
+	}
+	return 0;
+}
+
+/* nat_reclaim takes over the port at k, held by a flow whose client has not completed the
+ * handshake and last seen at seen, for the new flow's entry e: the hold is claimed by
+ * compare-and-swap (of CPUs racing for it only one wins), the old flow's connection entry is
+ * forgotten (its next packet re-picks) and the port is e's. Returns 0 when it is. */
+static __noinline int nat_reclaim(struct nat_key *k, const struct nat_entry *e, __u64 seen)
+{
+	struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
+	struct nat_scratch *sc = scratch();
+	if (!o || !sc || !(o->state & NS_EMB) ||
+	    __sync_val_compare_and_swap(&o->last_seen, seen, e->last_seen) != seen)
+		return -1;
+	__builtin_memcpy(&sc->victim, &o->client, sizeof(sc->victim));
+	struct conn *c = bpf_map_lookup_elem(&conns, &sc->victim);
+	if (c && (c->flags & C_NAT) && c->nat_port == k->lb_port) {
+		__u32 slot = c->backend;
+		uncount(c, bpf_map_lookup_elem(&backends, &slot));
+		bpf_map_delete_elem(&conns, &sc->victim);
+	}
+	bpf_map_delete_elem(&nat_rev, k);
+	return bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0 ? 0 : -1;
 }
 
 /* nat_alloc gives a new flow f to backend b a source address and port: the address by a hash
  * of the flow among the sources of b's family, the port by probing from a hashed start; an
- * entry idle past its timeout is taken over. Returns 0 and fills *src_idx, *port, or -1 when
- * no port is free within NAT_PROBES tries (or nat_rev is full). */
+ * entry idle past its hold is taken over on the way. When no port is free within NAT_PROBES
+ * tries (or nat_rev is full), the oldest hold met whose client has not completed the
+ * handshake is taken back (a SYN flood's, which a listening backend answers, so "replied" is
+ * no test). The scratch space's seg is the packet's TCP header (seg.tcp 0: UDP). Returns 0
+ * (1: a hold was taken back) and fills *src_idx, *port, or -1 when no port is to be had. */
 static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, const struct flow *f, const struct backend *b,
 				     const struct vip_meta *vm, __u32 h, __u64 now, __u8 *src_idx, __be16 *port)
 {
@@ -290,45 +428,41 @@ static __always_inline int nat_alloc(struct xdp_md *ctx, struct ethhdr *eth, con
 	__builtin_memset(e, 0, sizeof(*e));
 	e->nh.ifindex = ctx->ingress_ifindex; /* the way in: at 0, so the first reply asks the FIB */
 	e->idle = vm->idle_timeout;
-	e->timeout = vm->idle_timeout < NAT_UNREPLIED ? vm->idle_timeout : NAT_UNREPLIED;
 	e->last_seen = now;
+	/* TCP: a handshake to complete; after a SYN, the client's next sequence number known.
+	 * Without branches: see nat_scratch. */
+	__u32 tcp = sc->seg.tcp & 1, syn = sc->seg.syn & tcp;
+	e->state = (NS_EMB | (syn * NS_ACK)) * tcp;
+	e->ack_b = sc->seg.end * syn;
+	int restart = (tcp ^ 1) | syn; /* a SYN or UDP: the flow starts again */
 	__builtin_memcpy(&e->client, f, sizeof(e->client));
 	__builtin_memcpy(e->nh.dmac, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(e->nh.smac, eth->h_dest, ETH_ALEN);
 	struct nat_key *k = &sc->k;
 	__builtin_memset(k, 0, sizeof(*k));
 	nat_key_of(k, ns->addr, 0, b, f->proto);
+	sc->victim_port = 0;
+	*src_idx = idx;
 #pragma clang loop unroll(disable)
 	for (__u32 i = 0; i < NAT_PROBES && i < span; i++) {
 		k->lb_port = bpf_htons(lo + (start + i) % span);
-		if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0) {
-			*src_idx = idx;
-			*port = k->lb_port;
+		*port = k->lb_port;
+		if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0)
 			return 0;
-		}
-		if (nat_own(k, f, now)) {
-			*src_idx = idx;
-			*port = k->lb_port;
+		int p = nat_probe(k, f, e, restart);
+		if (p == 1)
 			return 0;
-		}
-		struct nat_entry *o = bpf_map_lookup_elem(&nat_rev, k);
-		if (!o)
-			continue;
-		__u64 seen = o->last_seen;
-		if (now > seen && now - seen > (__u64)o->timeout * NSEC_PER_SEC &&
-		    __sync_val_compare_and_swap(&o->last_seen, seen, now) == seen) {
-			/* Idle past its timeout: the port is free. Of CPUs racing for it only the
-			 * one whose compare-and-swap claimed the stale entry removes it (the others
-			 * see it fresh and probe on); whoever inserts first then takes the port. */
+		if (p == 2) {
 			bpf_map_delete_elem(&nat_rev, k);
-			if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0) {
-				*src_idx = idx;
-				*port = k->lb_port;
+			if (bpf_map_update_elem(&nat_rev, k, e, BPF_NOEXIST) == 0)
 				return 0;
-			}
 		}
 	}
-	return -1;
+	if (!sc->victim_port)
+		return -1;
+	k->lb_port = sc->victim_port;
+	*port = sc->victim_port;
+	return nat_reclaim(k, e, sc->oldest) == 0 ? 1 : -1;
 }
 
 /* nat_rev_of finds the reply entry of NAT flow c (to backend b), NULL if gone; *kp is left
@@ -359,21 +493,97 @@ static __noinline void nat_release(const struct conn *c, const struct backend *b
 		bpf_map_delete_elem(&nat_rev, k);
 }
 
-/* nat_refresh is the connection-table refresh of a NAT flow (at most once a second): its
- * reply entry must still be the flow's (a port idle past its timeout may have gone to
- * another flow; then the entry is stale: returns 0), and is refreshed too; cap, when not 0,
- * shortens its timeout (NAT_CLOSING for a FIN, NAT_RST for a RST). */
-static __noinline int nat_refresh(const struct conn *c, const struct backend *b, const struct flow *f, __u64 now,
-				  __u32 cap)
+/* What nat_refresh tells route about a packet of a NAT flow. */
+enum {
+	NAT_STALE = 0, /* its reply entry is no longer its own: re-pick */
+	NAT_OK = 1,
+	NAT_KEEP = 2,  /* a RST not believed: the flow keeps its entries (the backend judges the
+			* RST; were it the client's, the backend goes silent and the hold ends
+			* by idling) */
+};
+
+/* nat_client_seg folds the client's TCP segment s into e. A RST or FIN is believed when its
+ * sequence number lies within NAT_WINDOW from the next one the backend expects (its latest
+ * acknowledgement: RFC 5961's RCV.NXT, which the backend checks a RST against exactly, and
+ * the LB sees only as of the backend's last segment); the handshake completes with an ACK of
+ * what the backend has sent (its SYN-ACK) within NAT_WINDOW; data lifts a FIN's short hold
+ * unless both sides have sent theirs. */
+static __always_inline int nat_client_seg(struct nat_entry *e, struct conn *c, const struct tcp_seg *s)
+{
+	__u32 st = e->state;
+	int near = (st & NS_ACK) && s->seq - e->ack_b < NAT_WINDOW;
+	if (s->rst) {
+		if (!near)
+			return NAT_KEEP;
+		nat_state_set(e, NS_RST);
+		return NAT_OK;
+	}
+	if ((st & NS_EMB) && !s->syn && s->ackf && (st & NS_SEQ) && e->seq_b - s->ack < NAT_WINDOW)
+		nat_state_clear(e, NS_EMB);
+	if (!(e->state & NS_EMB) && (c->flags & C_HS))
+		__sync_fetch_and_and((__u32 *)&c->flags, ~(__u32)C_HS);
+	if (s->len && (st & NS_SHORT) && (st & (NS_FIN_C | NS_FIN_B)) != (NS_FIN_C | NS_FIN_B))
+		nat_state_clear(e, NS_SHORT);
+	if (s->fin && near)
+		nat_state_set(e, NS_FIN_C | NS_SHORT);
+	return NAT_OK;
+}
+
+/* nat_refresh is the connection-table refresh of a NAT flow (at most once a second; at each
+ * FIN or RST; at each packet until its handshake completes): its reply entry must still be
+ * the flow's (a port idle past its hold may have gone to another flow; then the entry is
+ * stale: NAT_STALE), and is refreshed too; a TCP segment's RST, FIN, data and acknowledgement
+ * tell what the connection does (nat_client_seg). */
+static __noinline int nat_refresh(struct xdp_md *ctx, struct conn *c, const struct backend *b, const struct flow *f,
+				  __u64 now)
 {
 	struct nat_key *k = NULL;
 	struct nat_entry *e = nat_rev_of(c, b, f->proto, &k);
 	if (!e || !flow_eq(&e->client, f))
-		return 0;
+		return NAT_STALE;
 	e->last_seen = now;
-	if (cap && e->timeout > cap)
-		e->timeout = cap;
-	return 1;
+	struct tcp_seg s;
+	if (f->proto != IPPROTO_TCP || tcp_seg_of(ctx, &s) < 0)
+		return NAT_OK;
+	return nat_client_seg(e, c, &s);
+}
+
+/* nat_backend_seg folds the backend's TCP segment s into e (every one: nat_reply has e at
+ * hand). The backend's sequence starts at its SYN-ACK, believed when it acknowledges the
+ * client's SYN; after it, a segment is the backend's own when it starts within NAT_WINDOW of
+ * the next sequence number expected (then it moves that on, and its acknowledgement tells
+ * what the backend expects from the client). A RST is believed only at exactly the next
+ * sequence number (what the client's stack accepts, RFC 5961), or before the SYN-ACK when it
+ * acknowledges the client's SYN (a refused connection). An entry of the version before
+ * learns its sequence numbers from the backend's next segment. */
+static __always_inline void nat_backend_seg(struct nat_entry *e, const struct tcp_seg *s)
+{
+	__u32 st = e->state;
+	if (s->rst) {
+		if ((st & NS_SEQ) ? s->seq == e->seq_b : ((st & NS_ACK) && s->ackf && s->ack == e->ack_b))
+			nat_state_set(e, NS_RST);
+		return;
+	}
+	if (!(st & NS_SEQ)) {
+		int synack = s->syn && s->ackf && (st & NS_ACK) && s->ack == e->ack_b;
+		if (!synack && (st & NS_EMB))
+			return; /* no handshake seen to check it against */
+		e->seq_b = s->end;
+		if (s->ackf)
+			e->ack_b = s->ack;
+		nat_state_set(e, NS_SEQ | NS_REPLIED | (s->ackf ? NS_ACK : 0));
+		return;
+	}
+	if (s->seq - e->seq_b + NAT_WINDOW >= 2 * NAT_WINDOW)
+		return; /* not in sequence: not the backend's, as far as the LB can tell */
+	if ((__s32)(s->end - e->seq_b) > 0)
+		e->seq_b = s->end;
+	if (s->ackf && (__s32)(s->ack - e->ack_b) > 0)
+		e->ack_b = s->ack;
+	if (s->len && (st & NS_SHORT) && (st & (NS_FIN_C | NS_FIN_B)) != (NS_FIN_C | NS_FIN_B))
+		nat_state_clear(e, NS_SHORT);
+	if (s->fin)
+		nat_state_set(e, NS_FIN_B | NS_SHORT);
 }
 
 /* icmp_translate rewrites an ICMP error about a NAT flow: the outer header to osrc -> odst,
@@ -550,7 +760,7 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 	}
 	void *data_end = (void *)(long)ctx->data_end;
 	int v6 = eth->h_proto == bpf_htons(ETH_P_IPV6);
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	if (!icmp && now > e->last_seen + NSEC_PER_SEC) {
 		/* The flow lives while either side speaks: refresh its connection entry too. */
 		e->last_seen = now;
@@ -558,12 +768,13 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		if (c && (c->flags & C_NAT) && c->nat_port == k->lb_port && now > c->last_seen + NSEC_PER_SEC)
 			c->last_seen = now;
 	}
-	if (!icmp && !e->replied) { /* the backend answered: the flow may idle as the VIP allows */
-		e->replied = 1;
-		e->timeout = e->idle;
+	if (!icmp) {
+		struct tcp_seg s;
+		if (f->proto != IPPROTO_TCP)
+			nat_state_set(e, NS_REPLIED); /* the backend answered: idle as the VIP allows */
+		else if (tcp_seg_of(ctx, &s) == 0)
+			nat_backend_seg(e, &s);
 	}
-	if ((tflags & T_FIN) && e->timeout > NAT_CLOSING) /* TCP's FIN; UDP sets no flags */
-		e->timeout = NAT_CLOSING;
 	struct rewrite *rw = &sc->rw;
 	int r;
 	if (icmp) {
@@ -584,13 +795,10 @@ static __noinline int nat_reply(struct xdp_md *ctx, const struct flow *f, int tf
 		count(&path_stats, PATH_MALFORMED, len);
 		return XDP_DROP;
 	}
-	if (tflags & T_RST) {
-		/* The backend reset the flow: its port is free NAT_RST seconds from its last packet
-		 * (a forged RST, which the client's stack ignores, frees no live flow's port). */
+	/* A RST the backend sent (nat_backend_seg believed it) frees the port nat_hold_rst
+	 * seconds after the flow's last packet; a forged one changes nothing. */
+	if (tflags & T_RST)
 		count(&path_stats, PATH_TCP_RST, len);
-		if (e->timeout > NAT_RST)
-			e->timeout = NAT_RST;
-	}
 	int act = nat_send(ctx, eth, v6, e->client.dst, e->client.src, &e->nh, len);
 	if (act != XDP_DROP)
 		count(&path_stats, PATH_NAT_REPLY, len);
@@ -610,7 +818,7 @@ static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const st
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return XDP_DROP;
 	int tflags = a->tflags;
-	__u64 len = a->len, now = bpf_ktime_get_coarse_ns();
+	__u64 len = a->len, now = now_ns();
 	if (tflags & T_RST) {
 		count(&path_stats, PATH_TCP_RST, len);
 		return XDP_DROP;
@@ -623,19 +831,30 @@ static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const st
 	}
 	__u8 src_idx = 0;
 	__be16 port = 0;
-	if (nat_alloc(ctx, eth, f, b, vm, a->hash, now, &src_idx, &port) < 0) {
+	struct nat_scratch *sc = scratch();
+	if (!sc)
+		return XDP_DROP;
+	sc->seg.tcp = 0;
+	if (f->proto == IPPROTO_TCP)
+		tcp_seg_of(ctx, &sc->seg);
+	int r = nat_alloc(ctx, eth, f, b, vm, a->hash, now, &src_idx, &port);
+	if (r < 0) {
 		count(&path_stats, PATH_NAT_NO_PORT, len);
 		return XDP_DROP;
 	}
-	struct conn nc = {.backend = a->bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now, .nat_src = src_idx,
-			  .nat_port = port, .flags = C_NAT | ((tflags & T_FIN) ? 0 : C_COUNTED | ((tflags & T_SYN) ? C_SYN : 0))};
-	if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) != 0) {
+	if (r > 0)
+		count(&path_stats, PATH_NAT_RECLAIM, len);
+	struct conn *nc = &sc->nc;
+	*nc = (struct conn){.backend = a->bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now, .nat_src = src_idx,
+			    .nat_port = port,
+			    .flags = C_NAT | (sc->seg.tcp & 1) * C_HS | ((tflags & T_FIN) ? 0 : C_COUNTED | ((tflags & T_SYN) ? C_SYN : 0))};
+	if (bpf_map_update_elem(&conns, f, nc, BPF_NOEXIST) != 0) {
 		/* Another CPU started the flow first (the same SYN twice): give the port back,
 		 * unless it is the one that CPU took (our probe found its entry, the flow's own),
 		 * and go where it went. */
 		struct conn *o = bpf_map_lookup_elem(&conns, f);
 		if (!o || o->nat_src != src_idx || o->nat_port != port)
-			nat_release(&nc, b, f);
+			nat_release(nc, b, f);
 		if (!o || !(o->flags & C_NAT)) {
 			count(&path_stats, PATH_NAT_NO_PORT, len);
 			return XDP_DROP;
@@ -645,7 +864,7 @@ static __noinline int nat_new(struct xdp_md *ctx, const struct flow *f, const st
 		a->port = o->nat_port;
 		return -1;
 	}
-	if (nc.flags & C_COUNTED)
+	if (nc->flags & C_COUNTED)
 		count_active(a->bidx);
 	a->src_idx = src_idx;
 	a->port = port;

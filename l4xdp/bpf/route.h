@@ -39,7 +39,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	void *data_end = (void *)(long)ctx->data_end;
 	int rst = tflags & T_RST;
 	int syn = tflags & T_SYN;
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	struct conn *c = bpf_map_lookup_elem(&conns, f);
 	struct backend *b;
 	if (c) {
@@ -53,23 +53,29 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		     ((b->flags & B_DOWN) && !(vm->flags & F_PANIC))))
 			usable = 0;
 		/* A NAT flow's entry holds while the backend is still reached by NAT and, checked at
-		 * each refresh (a port idle past its timeout may have gone to another flow), its
-		 * reply entry is still its own. */
+		 * each refresh (a port idle past its hold may have gone to another flow), its reply
+		 * entry is still its own. */
 		if (usable && !(c->flags & C_NAT) != !(b->flags & B_NAT))
 			usable = 0;
+		int nr = NAT_OK;
 		if (usable && (c->flags & C_NAT) && !(tflags & T_ICMP) &&
-		    ((tflags & (T_FIN | T_RST)) || now > c->last_seen + NSEC_PER_SEC) &&
-		    !nat_refresh(c, b, f, now, rst ? NAT_RST : (tflags & T_FIN) ? NAT_CLOSING : 0))
-			usable = 0;
+		    ((tflags & (T_FIN | T_RST)) || (c->flags & C_HS) || now > c->last_seen + NSEC_PER_SEC)) {
+			nr = nat_refresh(ctx, c, b, f, now);
+			if (nr == NAT_STALE)
+				usable = 0;
+		}
 		if (usable) {
 			count(&path_stats, PATH_CONN_HIT, len);
 			__u32 nat_src = c->nat_src;
 			__be16 nat_port = c->nat_port;
 			int nat = c->flags & C_NAT;
-			if (rst) {
-				/* A NAT flow's port stays NAT_RST seconds (nat_refresh shortened it):
-				 * a forged RST the backend ignores must not free it to another flow. */
+			if (rst)
 				count(&path_stats, PATH_TCP_RST, len);
+			/* A RST ends the flow's entry, except a NAT flow's RST that nat_refresh does not
+			 * believe (NAT_KEEP: forwarded, nothing changed). A NAT flow's port outlives a
+			 * RST believed by nat_hold_rst seconds, so that even a forged one the backend
+			 * ignores never hands a live flow's port to another flow at once. */
+			if (rst && nr != NAT_KEEP) {
 				uncount(c, b);
 				bpf_map_delete_elem(&conns, f);
 			} else if (!(tflags & T_ICMP)) {
@@ -104,6 +110,10 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		count(&path_stats, PATH_MIDSTREAM, len);
 		algo = 0;
 	}
+	/* Above the CPU's insert cap a new flow is forwarded without being remembered: its next
+	 * packets will miss and go by the Maglev table, so it goes there too. */
+	if (algo && budget_spent(now))
+		algo = 0;
 	if (algo) {
 		int p = (vm->flags & F_WLC) ? wlc_pick(vm) : wrr_pick(vm);
 		if (p < 0) {

@@ -51,6 +51,7 @@ struct backend {
 			     * loader's writes of the slot clear it) */
 };
 
+/* Aligned to 8: hash_flow reads it as five 64-bit words. */
 struct flow {
 	__u8 src[16];
 	__u8 dst[16];
@@ -58,7 +59,7 @@ struct flow {
 	__u16 dport;
 	__u8 proto;
 	__u8 pad[3];
-};
+} __attribute__((aligned(8)));
 
 /* A connection-table entry: usable only while its VIP id is the VIP's, its generation the
  * slot's, and it has been idle less than the VIP's idle_timeout (else a miss: the flow
@@ -87,18 +88,20 @@ struct nat_key {
 	__u8 pad[3];
 };
 
-/* The way back of a NAT flow. */
+/* The way back of a NAT flow, and what the program knows of its TCP connection. 88 bytes,
+ * as in the version before, whose entries read sanely: its `timeout` lies where ack_b is
+ * (not NS_ACK: unknown), its `replied` is NS_REPLIED, its padding seq_b (not NS_SEQ). How
+ * long the port is held is not stored: nat_hold derives it from idle and state. */
 struct nat_entry {
 	struct flow client;   /* the flow as the client sent it (client -> VIP) */
 	struct next_hop nh;   /* toward the client: first the way the flow came in (its first
 			       * frame's MACs and interface, used while the FIB has no neighbour
 			       * for the client), then the FIB's */
-	__u32 timeout;        /* idle seconds after which the entry (and its port) is free: at
-			       * most NAT_UNREPLIED until the backend's first reply, then the
-			       * VIP's idle timeout, shortened by a FIN or RST */
+	__u32 ack_b;          /* TCP (NS_ACK): the next sequence number expected from the client:
+			       * the backend's latest acknowledgement, at first the client's SYN + 1 */
 	__u32 idle;           /* the VIP's idle timeout, seconds */
-	__u32 replied;        /* the backend has answered */
-	__u32 pad;
+	enum nat_state state;
+	__u32 seq_b;          /* TCP (NS_SEQ): the next sequence number expected from the backend */
 	__u64 last_seen;      /* either direction, refreshed at most once a second */
 };
 
@@ -121,6 +124,20 @@ struct lb_config {
 	__u16 nat_port_hi;
 	__u32 nat_v4;     /* IPv4 NAT sources (nat_sources[0..nat_v4-1]) */
 	__u32 nat_v6;     /* IPv6 NAT sources (nat_sources[8..8+nat_v6-1]) */
+	/* Seconds a NAT flow holds its port idle, at most: once a FIN was believed; after a RST
+	 * believed from either side (conntrack's CLOSE); and before its client completes the
+	 * handshake (a UDP flow: before the backend's first reply), so that a flood of SYNs,
+	 * which a listening backend answers, does not hold ports the VIP's idle timeout. */
+	__u16 nat_hold_closing;
+	__u16 nat_hold_rst;
+	__u16 nat_hold_unreplied;
+	__u16 pad;
+};
+
+/* A CPU's reading of the coarse clock and the jiffy it was read in (see now_ns). */
+struct cpu_clock {
+	__u64 jiffies;
+	__u64 ns;
 };
 
 /* A CPU's insert budget: inserts made in the current one-second window. */

@@ -130,6 +130,13 @@ const (
 	// MaxFileSize is the largest pools file read; anything bigger is far more
 	// likely a wrong path than a real fleet.
 	MaxFileSize = 32 << 20
+	// MaxNameLength bounds a service's name (a DNS label's length), MaxZoneLength a
+	// zone's, MaxHashKeyLength a backend's hash_key (ValidName, ValidZone, ValidHashKey).
+	// Views from the control plane are held to them too (fleetview), so a node never
+	// takes a name the file could not hold.
+	MaxNameLength    = 63
+	MaxZoneLength    = 128
+	MaxHashKeyLength = 255
 )
 
 // File is a parsed, validated pools file with every default filled in.

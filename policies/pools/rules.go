@@ -89,8 +89,10 @@ func (d *decoder) checkMAC(n *yaml.Node, v string) bool {
 	return true
 }
 
-func validName(v string) bool {
-	if v == "" || len(v) > 63 || v[0] == '-' || v[len(v)-1] == '-' {
+// ValidName reports whether v can name a service: lowercase letters, digits and '-' (not
+// at either end), at most MaxNameLength bytes.
+func ValidName(v string) bool {
+	if v == "" || len(v) > MaxNameLength || v[0] == '-' || v[len(v)-1] == '-' {
 		return false
 	}
 	for i := 0; i < len(v); i++ {
@@ -102,8 +104,10 @@ func validName(v string) bool {
 	return true
 }
 
-func validZone(v string) bool {
-	if v == "" || len(v) > 128 {
+// ValidZone reports whether v can name a zone: letters, digits, '.', '_' and '-', at most
+// MaxZoneLength bytes.
+func ValidZone(v string) bool {
+	if v == "" || len(v) > MaxZoneLength {
 		return false
 	}
 	for i := 0; i < len(v); i++ {
@@ -113,6 +117,12 @@ func validZone(v string) bool {
 		}
 	}
 	return true
+}
+
+// ValidHashKey reports whether v can be a backend's hash_key: 1..MaxHashKeyLength
+// printable ASCII characters without spaces.
+func ValidHashKey(v string) bool {
+	return v != "" && len(v) <= MaxHashKeyLength && printable(v) && !strings.ContainsAny(v, " \t")
 }
 
 // validToken reports whether v is an RFC 9110 token (cookie and header names).

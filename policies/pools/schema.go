@@ -190,8 +190,8 @@ func (d *decoder) decodeNameAndProtocol(st *svcState, fs map[string]field) {
 	if f, ok := fs["name"]; ok {
 		if v, ok := d.str(f); !ok {
 			st.bad["name"] = true
-		} else if !validName(v) {
-			d.errorf(f.val, "name %q: want lowercase letters, digits and '-' (not at either end), at most 63 characters, e.g. web-eu", v)
+		} else if !ValidName(v) {
+			d.errorf(f.val, "name %q: want lowercase letters, digits and '-' (not at either end), at most %d characters, e.g. web-eu", v, MaxNameLength)
 			st.bad["name"] = true
 		} else {
 			s.Name = v
@@ -285,8 +285,8 @@ func (d *decoder) decodeZones(st *svcState, fs map[string]field) {
 			st.bad["drained_zones"] = true
 			continue
 		}
-		if !validZone(v) {
-			d.errorf(item, "drained zone %q: want letters, digits, '.', '_' and '-', at most 128 characters", v)
+		if !ValidZone(v) {
+			d.errorf(item, "drained zone %q: want letters, digits, '.', '_' and '-', at most %d characters", v, MaxZoneLength)
 			st.bad["drained_zones"] = true
 			continue
 		}
@@ -749,20 +749,20 @@ func (d *decoder) decodeBackendIdentity(bs *backendState, fs map[string]field) {
 	b := bs.b
 	fail := func(name string) { bs.bad[name] = true }
 	if f, ok := fs["zone"]; ok {
-		if v, ok := d.str(f); ok && validZone(v) {
+		if v, ok := d.str(f); ok && ValidZone(v) {
 			b.Zone = v
 		} else if ok {
-			d.errorf(f.val, "zone %q: want letters, digits, '.', '_' and '-', at most 128 characters", v)
+			d.errorf(f.val, "zone %q: want letters, digits, '.', '_' and '-', at most %d characters", v, MaxZoneLength)
 			fail("zone")
 		} else {
 			fail("zone")
 		}
 	}
 	if f, ok := fs["hash_key"]; ok {
-		if v, ok := d.str(f); ok && v != "" && len(v) <= 255 && printable(v) && !strings.ContainsAny(v, " \t") {
+		if v, ok := d.str(f); ok && ValidHashKey(v) {
 			b.HashKey = v
 		} else if ok {
-			d.errorf(f.val, "hash_key %q: want 1..255 printable characters without spaces", v)
+			d.errorf(f.val, "hash_key %q: want 1..%d printable characters without spaces", v, MaxHashKeyLength)
 			fail("hash_key")
 		} else {
 			fail("hash_key")

@@ -69,37 +69,54 @@ func checkShard(set *shardSet, sh *shard, grain int64, strictGrain bool) error {
 	if d.n > d.cap {
 		return fmt.Errorf("n=%d exceeds cap=%d", d.n, d.cap)
 	}
-	count, prev, last := 0, noEntry, int64(math.MinInt64)
+	count := 0
 	liveKeyBytes := 0
 	refs := map[uint32]int32{}
-	for j := d.tail; j != noEntry; j = d.entries[j].newer {
-		e := &d.entries[j]
-		if e.backend == 0 {
-			return fmt.Errorf("free entry %d on the list", j)
+	for seg, l := range d.lists {
+		n, prev, last := 0, noEntry, int64(math.MinInt64)
+		for j := l.tail; j != noEntry; j = d.entries[j].newer {
+			e := &d.entries[j]
+			if e.backend == 0 {
+				return fmt.Errorf("free entry %d on the list", j)
+			}
+			if e.seg() != seg {
+				return fmt.Errorf("entry %d of segment %d on segment %d's list", j, e.seg(), seg)
+			}
+			if e.older != prev {
+				return fmt.Errorf("entry %d: older=%d, want %d", j, e.older, prev)
+			}
+			if e.linked < last {
+				return fmt.Errorf("entry %d linked %d before its older neighbour (%d): list unsorted", j, e.linked, last)
+			}
+			if e.linked > e.touched.Load() {
+				return fmt.Errorf("entry %d linked %d after its last refresh %d", j, e.linked, e.touched.Load())
+			}
+			// Entries pushed back to probation keep their refresh time under a lowered link.
+			if strictGrain && seg == protected && e.touched.Load()-e.linked >= grain {
+				return fmt.Errorf("entry %d: touched-linked=%d >= grain %d", j, e.touched.Load()-e.linked, grain)
+			}
+			last = e.linked
+			refs[e.backend]++
+			liveKeyBytes += 2 + len(d.keyBytes(j))
+			n++
+			prev = j
+			if n > len(d.entries) {
+				return fmt.Errorf("cycle in list")
+			}
 		}
-		if e.older != prev {
-			return fmt.Errorf("entry %d: older=%d, want %d", j, e.older, prev)
+		if prev != l.head {
+			return fmt.Errorf("segment %d: head=%d, list ends at %d", seg, l.head, prev)
 		}
-		if e.linked < last {
-			return fmt.Errorf("entry %d linked %d before its older neighbour (%d): list unsorted", j, e.linked, last)
+		if seg == protected && n != d.nprot {
+			return fmt.Errorf("protected list holds %d, nprot=%d", n, d.nprot)
 		}
-		if strictGrain && e.touched.Load()-e.linked >= grain {
-			return fmt.Errorf("entry %d: touched-linked=%d >= grain %d", j, e.touched.Load()-e.linked, grain)
-		}
-		last = e.linked
-		refs[e.backend]++
-		liveKeyBytes += 2 + len(d.keyBytes(j))
-		count++
-		prev = j
-		if count > len(d.entries) {
-			return fmt.Errorf("cycle in list")
-		}
+		count += n
 	}
-	if prev != d.head {
-		return fmt.Errorf("head=%d, list ends at %d", d.head, prev)
+	if d.pcap != protectedCap(d.cap) || d.nprot > d.pcap {
+		return fmt.Errorf("protected segment: %d entries, cap %d (want %d for a shard of %d)", d.nprot, d.pcap, protectedCap(d.cap), d.cap)
 	}
 	if count != d.n {
-		return fmt.Errorf("list holds %d, n=%d", count, d.n)
+		return fmt.Errorf("lists hold %d, n=%d", count, d.n)
 	}
 	free := 0
 	for j := d.freeEntry; j != noEntry; j = d.entries[j].older {

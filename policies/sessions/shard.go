@@ -11,22 +11,55 @@ import (
 // noEntry terminates the index-linked lists and marks "not found".
 const noEntry int32 = -1
 
+// A shard's entries are in two segments (segmented LRU), each a recency list: a new mapping
+// enters probation; a Get that finds it live promotes it to the protected segment, which
+// holds at most protectedCap of the shard and, when a promotion overflows it, pushes its
+// least recently refreshed entry back to probation's old end. Inserts evict from probation
+// first, so keys seen once (a flood of them) evict only one another.
+const (
+	probation = 0
+	protected = 1
+)
+
+// protectedBit marks, in entry.keyOff, an entry of the protected segment. Arena offsets
+// stay below it: a shard holds at most maxShardCap keys of at most MaxKeyLen+2 bytes, and
+// its arena grows to at most 1.25 times its live bytes plus one key.
+const protectedBit = 1 << 31
+
+// protectedCap is how many entries of a shard of capacity c the protected segment holds:
+// all but a fifth (at least one), which stays for probation, so new mappings always have
+// room to be seen a second time.
+func protectedCap(c int) int { return c - max(1, c/5) }
+
 // entry is one mapping. It holds no pointers (the key lives in the shard's
 // arena, the backend is an interned id) so the GC never scans the entries.
 type entry struct {
 	// touched is the last refresh, in nanoseconds since the table's epoch.
 	// Hits store it under the read lock, hence atomic.
 	touched atomic.Int64
-	// linked is the time the entry was last moved to the head of the recency
-	// list. The list is sorted by linked; touched-linked < grain for every
-	// entry, which is what bounds the eviction-order error.
+	// linked is the time the entry was last moved to the head of its segment's
+	// recency list. Each list is sorted by linked, and linked <= touched;
+	// touched-linked < grain for every entry but those the protected segment
+	// pushed back (their link is lowered to probation's old end), which is
+	// what bounds the eviction-order error.
 	linked int64
-	keyOff uint32 // offset of the key's 2-byte length prefix in the arena
+	// keyOff is the offset of the key's 2-byte length prefix in the arena, with
+	// protectedBit set for an entry of the protected segment.
+	keyOff uint32
 	// backend is the interned backend id; 0 marks a free entry.
 	backend uint32
 	newer   int32 // toward the head (most recently refreshed); free list link otherwise unused
 	older   int32 // toward the tail; also the free-list link of free entries
 }
+
+// off is the arena offset of the entry's key.
+func (e *entry) off() uint32 { return e.keyOff &^ protectedBit }
+
+// seg is the entry's segment.
+func (e *entry) seg() int { return int(e.keyOff >> 31) }
+
+// recency is a segment's list: head the most recently refreshed entry, tail the least.
+type recency struct{ head, tail int32 }
 
 // shardData is everything a shard holds, guarded by the shard's lock.
 // Kept apart from the lock and counters so that a shard can be rebuilt by
@@ -40,9 +73,11 @@ type shardData struct {
 	// (entry index + 1) << 32 | low 32 bits of the key's hash.
 	slots []uint64
 
-	entries    []entry
-	freeEntry  int32
-	head, tail int32
+	entries   []entry
+	freeEntry int32
+	lists     [2]recency // by segment
+	nprot     int        // entries in the protected segment, at most pcap
+	pcap      int        // protectedCap(cap)
 
 	// arena holds keys as [len lo][len hi][bytes...]; garbage counts bytes
 	// of removed keys still in it, reclaimed by compaction when it grows.
@@ -60,12 +95,18 @@ func newShardData(seed maphash.Seed, capacity int) shardData {
 	return shardData{
 		seed:      seed,
 		cap:       capacity,
+		pcap:      protectedCap(capacity),
 		freeEntry: noEntry,
-		head:      noEntry,
-		tail:      noEntry,
+		lists:     [2]recency{{noEntry, noEntry}, {noEntry, noEntry}},
 		names:     []string{""},
 		refs:      []int32{0},
 	}
+}
+
+// setCap changes the shard's capacity in place (growing only: shrinking rebuilds).
+func (d *shardData) setCap(c int) {
+	d.cap = c
+	d.pcap = protectedCap(c)
 }
 
 // shardFields is a shard without its padding.
@@ -94,7 +135,7 @@ type shard struct {
 func home(h32 uint32, size uint64) uint64 { return uint64(h32) * size >> 32 }
 
 func (d *shardData) keyBytes(i int32) []byte {
-	off := d.entries[i].keyOff
+	off := d.entries[i].off()
 	n := uint32(d.arena[off]) | uint32(d.arena[off+1])<<8
 	return d.arena[off+2 : off+2+n]
 }
@@ -244,9 +285,9 @@ func (d *shardData) growArena(need int) {
 			if e.backend == 0 {
 				continue
 			}
-			off := e.keyOff
+			off := e.off()
 			n := uint32(d.arena[off]) | uint32(d.arena[off+1])<<8
-			e.keyOff = uint32(len(a))
+			e.keyOff = uint32(len(a)) | e.keyOff&protectedBit
 			a = append(a, d.arena[off:off+2+n]...)
 		}
 		d.arena = a
@@ -265,7 +306,7 @@ func (d *shardData) growArena(need int) {
 }
 
 func (d *shardData) releaseKey(i int32) {
-	off := int(d.entries[i].keyOff)
+	off := int(d.entries[i].off())
 	n := 2 + (int(d.arena[off]) | int(d.arena[off+1])<<8)
 	if off+n == len(d.arena) {
 		d.arena = d.arena[:off]
@@ -308,59 +349,115 @@ func (d *shardData) unref(id uint32) {
 
 func (d *shardData) unlink(i int32) {
 	e := &d.entries[i]
+	l := &d.lists[e.seg()]
 	if e.newer != noEntry {
 		d.entries[e.newer].older = e.older
 	} else {
-		d.head = e.older
+		l.head = e.older
 	}
 	if e.older != noEntry {
 		d.entries[e.older].newer = e.newer
 	} else {
-		d.tail = e.newer
+		l.tail = e.newer
 	}
 }
 
-// pushHead links i as the newest entry; linked must be >= the head's.
+// pushHead links i as the newest entry of its segment; linked must be >= the head's.
 func (d *shardData) pushHead(i int32) {
 	e := &d.entries[i]
+	l := &d.lists[e.seg()]
 	e.newer = noEntry
-	e.older = d.head
-	if d.head != noEntry {
-		d.entries[d.head].newer = i
+	e.older = l.head
+	if l.head != noEntry {
+		d.entries[l.head].newer = i
 	} else {
-		d.tail = i
+		l.tail = i
 	}
-	d.head = i
+	l.head = i
 }
 
-// headTime is the time to link a new head at: now, unless the clock went
+// pushTail links i as the oldest entry of its segment, its link time lowered to keep the
+// list sorted (it stays <= touched, as every entry's).
+func (d *shardData) pushTail(i int32) {
+	e := &d.entries[i]
+	l := &d.lists[e.seg()]
+	e.older = noEntry
+	e.newer = l.tail
+	if l.tail != noEntry {
+		t := &d.entries[l.tail]
+		t.older = i
+		e.linked = min(e.linked, t.linked)
+	} else {
+		l.head = i
+	}
+	l.tail = i
+}
+
+// headTime is the time to link a new head of segment seg at: now, unless the clock went
 // backwards (a test clock), in which case the list must stay sorted.
-func (d *shardData) headTime(now int64) int64 {
-	if d.head != noEntry && d.entries[d.head].linked > now {
-		return d.entries[d.head].linked
+func (d *shardData) headTime(seg int, now int64) int64 {
+	if h := d.lists[seg].head; h != noEntry && d.entries[h].linked > now {
+		return d.entries[h].linked
 	}
 	return now
 }
 
-// relink moves i to the head as refreshed at now.
+// relink moves i to the head of its segment as refreshed at now.
 func (d *shardData) relink(i int32, now int64) {
 	d.unlink(i)
-	d.entries[i].linked = d.headTime(now)
+	d.entries[i].linked = d.headTime(d.entries[i].seg(), now)
 	d.pushHead(i)
 }
 
-// insert adds a new mapping at the head; the shard must have room and the key
-// must be absent. linked must be >= the head's linked.
-func insert[K string | []byte](d *shardData, key K, h32 uint32, backend string, touched, linked int64) {
+// moveTo puts i at the head of segment seg as refreshed at now (a promotion, or a mapping
+// that starts over in probation); a protected segment it overflows pushes its oldest entry
+// back to probation's old end, the next one an insert evicts.
+func (d *shardData) moveTo(i int32, seg int, now int64) {
+	d.unlink(i)
+	d.setSeg(i, seg)
+	d.entries[i].linked = d.headTime(seg, now)
+	d.pushHead(i)
+	d.overflow()
+}
+
+// setSeg marks i (unlinked) as an entry of segment seg, counting the protected ones.
+func (d *shardData) setSeg(i int32, seg int) {
+	e := &d.entries[i]
+	if e.seg() == protected {
+		d.nprot--
+	}
+	e.keyOff = e.off()
+	if seg == protected {
+		e.keyOff |= protectedBit
+		d.nprot++
+	}
+}
+
+// overflow pushes the protected segment's oldest entries back to probation while it holds
+// more than pcap.
+func (d *shardData) overflow() {
+	for d.nprot > d.pcap {
+		t := d.lists[protected].tail
+		d.unlink(t)
+		d.setSeg(t, probation)
+		d.pushTail(t)
+	}
+}
+
+// insert adds a new mapping at the head of segment seg; the shard must have room and the
+// key must be absent. linked must be >= that segment's head's linked.
+func insert[K string | []byte](d *shardData, key K, h32 uint32, backend string, touched, linked int64, seg int) {
 	i := d.allocEntry()
 	e := &d.entries[i]
 	e.keyOff = appendKey(d, key)
 	e.backend = d.intern(backend)
 	e.touched.Store(touched)
 	e.linked = linked
+	d.setSeg(i, seg)
 	d.pushHead(i)
 	d.insertSlot(i, h32)
 	d.n++
+	d.overflow()
 }
 
 // remove deletes entry i; h32 is its key's hash.
@@ -368,6 +465,7 @@ func (d *shardData) removeHashed(i int32, h32 uint32) {
 	d.deleteSlot(d.findSlot(i, h32))
 	d.unlink(i)
 	d.releaseKey(i)
+	d.setSeg(i, probation)
 	e := &d.entries[i]
 	d.unref(e.backend)
 	e.backend = 0
@@ -381,32 +479,51 @@ func (d *shardData) remove(i int32) {
 	d.removeHashed(i, uint32(maphash.Bytes(d.seed, d.keyBytes(i))))
 }
 
-// sweep removes expired entries from the old end of the list, visiting at
-// most limit entries (limit < 0: no limit). Any expired entry has
-// linked <= touched <= now-ttl, and the list is sorted by linked, so the walk
-// stops at the first entry linked after now-ttl: it skips only live entries
-// whose position is stale by less than the grain. Returns the number removed.
+// sweep removes expired entries from the old end of each segment's list, probation's
+// first, visiting at most limit entries in all (limit < 0: no limit). Any expired entry has
+// linked <= touched <= now-ttl, and each list is sorted by linked, so a walk stops at the
+// first entry linked after now-ttl: it skips only live entries whose position is older than
+// their last refresh (by less than the grain, or pushed back from the protected segment).
+// Returns the number removed.
 func (d *shardData) sweep(now, ttl int64, limit int) int {
 	cutoff := now - ttl
-	removed := 0
-	i := d.tail
-	for steps := 0; i != noEntry && steps != limit && d.entries[i].linked <= cutoff; steps++ {
-		next := d.entries[i].newer
-		if d.entries[i].touched.Load() <= cutoff {
-			d.remove(i)
-			removed++
+	removed, steps := 0, 0
+	for seg := range d.lists {
+		i := d.lists[seg].tail
+		for ; i != noEntry && steps != limit && d.entries[i].linked <= cutoff; steps++ {
+			next := d.entries[i].newer
+			if d.entries[i].touched.Load() <= cutoff {
+				d.remove(i)
+				removed++
+			}
+			i = next
 		}
-		i = next
 	}
 	return removed
+}
+
+// victim is the entry an insert into the full shard removes: an expired entry at the old
+// end of either segment, else probation's oldest, else the protected segment's.
+func (d *shardData) victim(now, ttl int64) int32 {
+	for _, l := range d.lists {
+		if l.tail != noEntry && now-d.entries[l.tail].touched.Load() >= ttl {
+			return l.tail
+		}
+	}
+	if t := d.lists[probation].tail; t != noEntry {
+		return t
+	}
+	return d.lists[protected].tail
 }
 
 // countLive counts entries that are not expired at now.
 func (d *shardData) countLive(now, ttl int64) int {
 	live := 0
-	for i := d.head; i != noEntry; i = d.entries[i].older {
-		if now-d.entries[i].touched.Load() < ttl {
-			live++
+	for _, l := range d.lists {
+		for i := l.head; i != noEntry; i = d.entries[i].older {
+			if now-d.entries[i].touched.Load() < ttl {
+				live++
+			}
 		}
 	}
 	return live

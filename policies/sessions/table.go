@@ -211,8 +211,9 @@ func (t *Table) Get(key string) (backend string, ok bool) {
 	e := &d.entries[i]
 	now := t.clock()
 	old := e.touched.Load()
-	if now-old < t.ttl.Load() && now-e.linked < t.grain.Load() {
-		// Fast path: the list position is fresh enough; only the time moves.
+	if now-old < t.ttl.Load() && now-e.linked < t.grain.Load() && e.seg() == protected {
+		// Fast path: the list position is fresh enough; only the time moves. (An entry
+		// in probation is promoted, under the write lock.)
 		for old < now && !e.touched.CompareAndSwap(old, now) {
 			old = e.touched.Load()
 		}
@@ -225,7 +226,8 @@ func (t *Table) Get(key string) (backend string, ok bool) {
 	return t.getLocked(key, h)
 }
 
-// getLocked is Get's slow path: expire, or refresh and relink.
+// getLocked is Get's slow path: expire, or refresh and relink (an entry in probation is
+// seen a second time: promoted to the protected segment).
 func (t *Table) getLocked(key string, h uint64) (string, bool) {
 	sh := t.lock(h)
 	defer sh.mu.Unlock()
@@ -246,15 +248,21 @@ func (t *Table) getLocked(key string, h uint64) (string, bool) {
 	if now > e.touched.Load() {
 		e.touched.Store(now)
 	}
-	d.relink(i, now)
+	if e.seg() == probation {
+		d.moveTo(i, protected, now)
+	} else {
+		d.relink(i, now)
+	}
 	sh.hits.Add(1)
 	return d.names[e.backend], true
 }
 
 // Put maps key to backend, inserting or overwriting (re-pinning) and
-// refreshing its expiry. An insert first sweeps up to a few expired entries
-// off its shard's old end; if the shard is still full it evicts the shard's
-// least recently refreshed entry. An empty backend deletes the mapping.
+// refreshing its expiry; a new mapping (also one over an expired mapping) is in
+// probation until a Get finds it. An insert first sweeps up to a few expired
+// entries off its shard's old ends; if the shard is still full it evicts an
+// expired entry left at an old end, else probation's least recently refreshed
+// entry, else the protected segment's. An empty backend deletes the mapping.
 func (t *Table) Put(key, backend string) {
 	if backend == "" {
 		t.Delete(key)
@@ -269,7 +277,8 @@ func (t *Table) Put(key, backend string) {
 	ttl := t.ttl.Load()
 	if i := d.find(key, h); i != noEntry {
 		e := &d.entries[i]
-		if now-e.touched.Load() >= ttl {
+		ended := now-e.touched.Load() >= ttl
+		if ended {
 			sh.expired++ // the old session ended; this is a new one
 			sh.inserts++
 		} else {
@@ -281,15 +290,19 @@ func (t *Table) Put(key, backend string) {
 			e.backend = id
 		}
 		e.touched.Store(now)
-		d.relink(i, now)
+		if ended {
+			d.moveTo(i, probation, now)
+		} else {
+			d.relink(i, now)
+		}
 		return
 	}
 	sh.expired += uint64(d.sweep(now, ttl, sweepBatch))
 	if d.n >= d.cap {
-		d.remove(d.tail)
+		d.remove(d.victim(now, ttl))
 		sh.evicted++
 	}
-	insert(d, key, uint32(h), backend, now, d.headTime(now))
+	insert(d, key, uint32(h), backend, now, d.headTime(probation, now), probation)
 	sh.inserts++
 }
 
@@ -411,6 +424,7 @@ type Stats struct {
 	Invalidated uint64 // live mappings removed by InvalidateBackend or Flush
 	Deleted     uint64 // live mappings removed by Delete (or Put with no backend)
 	Capacity    int    // MaxEntries
+	Protected   int    // mappings in the protected segment (seen again since their insert)
 }
 
 // Stats returns the table's counters. Each shard is read consistently; the
@@ -424,6 +438,7 @@ func (t *Table) Stats() Stats {
 			sh.mu.RLock()
 			if ok = !sh.retired; ok {
 				s.Entries += sh.d.n
+				s.Protected += sh.d.nprot
 				s.Hits += sh.hits.Load()
 				s.Misses += sh.misses.Load()
 				s.Inserts += sh.inserts
@@ -474,7 +489,7 @@ func (t *Table) Reconfigure(cfg Config) error {
 			sh := &set.shards[i]
 			sh.mu.Lock()
 			if c := shardCap(i, n, cfg.MaxEntries); c >= sh.d.cap {
-				sh.d.cap = c
+				sh.d.setCap(c)
 			} else {
 				old := sh.d
 				sh.d = newShardData(t.seed, c)
@@ -520,42 +535,45 @@ func (t *Table) rebuild(set *shardSet, n, maxEntries int) {
 	}
 }
 
-// migrate re-inserts the entries of srcs, oldest first (a merge of their
-// recency lists by link time), into the shards dst picks, which must be
-// locked or unpublished. Expired entries are dropped and counted (the
-// returned count); a full destination evicts its oldest, counted on it, so
-// the newest entries survive a shrink.
+// migrate re-inserts the entries of srcs into the shards dst picks, which must be locked or
+// unpublished: each segment's entries oldest first (a merge of the sources' lists by link
+// time), probation's before the protected segment's, each into its own segment. Expired
+// entries are dropped and counted (the returned count); a full destination evicts as an
+// insert does, counted on it, so a shrink keeps the protected entries first, then the
+// newest in probation.
 func migrate(srcs []*shardData, dst func(h uint64) *shard, now, ttl int64) (expired uint64) {
-	cur := make(mergeHeap, 0, len(srcs))
-	for _, s := range srcs {
-		if s.tail != noEntry {
-			cur = append(cur, cursor{src: s, i: s.tail})
+	for seg := range 2 {
+		cur := make(mergeHeap, 0, len(srcs))
+		for _, s := range srcs {
+			if t := s.lists[seg].tail; t != noEntry {
+				cur = append(cur, cursor{src: s, i: t})
+			}
 		}
-	}
-	cur.init()
-	for len(cur) > 0 {
-		c := &cur[0]
-		s, i := c.src, c.i
-		if c.i = s.entries[i].newer; c.i == noEntry {
-			cur.pop()
-		} else {
-			cur.fix0()
+		cur.init()
+		for len(cur) > 0 {
+			c := &cur[0]
+			s, i := c.src, c.i
+			if c.i = s.entries[i].newer; c.i == noEntry {
+				cur.pop()
+			} else {
+				cur.fix0()
+			}
+			e := &s.entries[i]
+			touched := e.touched.Load()
+			if now-touched >= ttl {
+				expired++
+				continue
+			}
+			key := s.keyBytes(i)
+			h := maphash.Bytes(s.seed, key)
+			sh := dst(h)
+			d := &sh.d
+			if d.n >= d.cap {
+				d.remove(d.victim(now, ttl))
+				sh.evicted++
+			}
+			insert(d, key, uint32(h), s.names[e.backend], touched, d.headTime(seg, e.linked), seg)
 		}
-		e := &s.entries[i]
-		touched := e.touched.Load()
-		if now-touched >= ttl {
-			expired++
-			continue
-		}
-		key := s.keyBytes(i)
-		h := maphash.Bytes(s.seed, key)
-		sh := dst(h)
-		d := &sh.d
-		if d.n >= d.cap {
-			d.remove(d.tail)
-			sh.evicted++
-		}
-		insert(d, key, uint32(h), s.names[e.backend], touched, d.headTime(e.linked))
 	}
 	return expired
 }

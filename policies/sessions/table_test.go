@@ -181,14 +181,18 @@ func TestHitWithinGrainDoesNotRelink(t *testing.T) {
 	tab.Put("a", "x")
 	clk.Advance(time.Second)
 	tab.Put("b", "x")
+	clk.Advance(time.Second)
+	mustGet(t, tab, "a", "x") // seen again: both move to the protected segment
+	clk.Advance(time.Second)
+	mustGet(t, tab, "b", "x")
 	clk.Advance(500 * time.Millisecond)
 	mustGet(t, tab, "b", "x") // within b's grain: time moves, position stays
 	d := &tab.set.Load().shards[0].d
-	if d.head != d.find("b", hashOf(tab, "b")) {
+	if d.lists[protected].head != d.find("b", hashOf(tab, "b")) {
 		t.Fatalf("b should still be the head")
 	}
 	mustGet(t, tab, "a", "x") // a was linked 1.5s ago: relinked to the head
-	if d.head != d.find("a", hashOf(tab, "a")) {
+	if d.lists[protected].head != d.find("a", hashOf(tab, "a")) {
 		t.Fatalf("a hit after more than the grain was not relinked")
 	}
 	checkInvariants(t, tab, true)
@@ -201,15 +205,17 @@ func hashOf(tab *Table, key string) uint64 {
 // TestEvictionOrderWithinGrain drives random traffic with a clock that
 // moves in steps smaller than the grain (so most hits take the fast path)
 // and checks the documented precision on every eviction: the evicted entry
-// was refreshed no more than one grain after the shard's stalest, and no
-// entry had expired more than a grain before.
+// was in probation, pushed back there by the protected segment or refreshed no
+// more than one grain after probation's stalest; or, probation empty, the
+// same of the protected segment; and no entry had expired more than a grain
+// before.
 func TestEvictionOrderWithinGrain(t *testing.T) {
 	const ttl = 64 * time.Second
 	const grain = time.Second
 	tab, clk := newTestTable(t, ttl, 64)
 	rng := rand.New(rand.NewPCG(1, 2))
 	next := 0
-	evictions := 0
+	evictions, pushedBack, protectedEvictions := 0, 0, 0
 	for step := 0; step < 20000; step++ {
 		clk.Advance(time.Duration(rng.IntN(400)) * time.Millisecond)
 		if rng.IntN(3) > 0 {
@@ -228,37 +234,59 @@ func TestEvictionOrderWithinGrain(t *testing.T) {
 		after := snapshot(tab)
 		now := tab.clock()
 		var gone []string
-		oldest := int64(math.MaxInt64)
-		for k, touched := range before {
-			oldest = min(oldest, touched)
+		oldest := [2]int64{math.MaxInt64, math.MaxInt64}
+		for k, e := range before {
+			if e.touched-e.linked < int64(grain) { // not pushed back
+				oldest[e.seg] = min(oldest[e.seg], e.touched)
+			}
 			if _, ok := after[k]; !ok {
 				gone = append(gone, k)
 			}
-			if now-touched >= int64(ttl+grain) {
-				t.Fatalf("step %d: evicted although %q expired %v ago", step, k, time.Duration(now-touched)-ttl)
+			if now-e.touched >= int64(ttl+grain) {
+				t.Fatalf("step %d: evicted although %q expired %v ago", step, k, time.Duration(now-e.touched)-ttl)
 			}
 		}
 		if len(gone) != 1 {
 			t.Fatalf("step %d: one eviction removed %d keys", step, len(gone))
 		}
-		if lag := before[gone[0]] - oldest; lag > int64(grain) {
-			t.Fatalf("step %d: evicted an entry refreshed %v after the stalest (grain %v)", step, time.Duration(lag), grain)
+		e := before[gone[0]]
+		switch {
+		case e.seg == protected && oldest[probation] != math.MaxInt64:
+			t.Fatalf("step %d: evicted a protected entry while probation held entries", step)
+		case e.seg == protected:
+			protectedEvictions++
+		case e.touched-e.linked >= int64(grain):
+			pushedBack++
+			continue
+		}
+		if lag := e.touched - oldest[e.seg]; lag > int64(grain) {
+			t.Fatalf("step %d: evicted an entry refreshed %v after its segment's stalest (grain %v)", step, time.Duration(lag), grain)
 		}
 	}
-	if evictions < 1000 {
-		t.Fatalf("only %d evictions: the test did not exercise eviction", evictions)
+	if evictions < 1000 || pushedBack == 0 {
+		t.Fatalf("%d evictions, %d of entries pushed back: the test did not exercise eviction", evictions, pushedBack)
 	}
+	t.Logf("%d evictions: %d of entries the protected segment pushed back, %d from the protected segment", evictions, pushedBack, protectedEvictions)
 	checkInvariants(t, tab, true)
 }
 
-// snapshot maps each held key to its last refresh (white-box).
-func snapshot(tab *Table) map[string]int64 {
-	out := map[string]int64{}
+// held is what snapshot keeps of an entry.
+type held struct {
+	touched, linked int64
+	seg             int
+}
+
+// snapshot maps each held key to its last refresh, link time and segment (white-box).
+func snapshot(tab *Table) map[string]held {
+	out := map[string]held{}
 	set := tab.set.Load()
 	for i := range set.shards {
 		d := &set.shards[i].d
-		for j := d.head; j != noEntry; j = d.entries[j].older {
-			out[string(d.keyBytes(j))] = d.entries[j].touched.Load()
+		for _, l := range d.lists {
+			for j := l.head; j != noEntry; j = d.entries[j].older {
+				e := &d.entries[j]
+				out[string(d.keyBytes(j))] = held{e.touched.Load(), e.linked, e.seg()}
+			}
 		}
 	}
 	return out
@@ -774,4 +802,56 @@ func TestConcurrentRace(t *testing.T) {
 	if got := tab.Stats().Expired; got <= s.Expired {
 		t.Fatalf("Expired did not count the lapsed entry: %d -> %d", s.Expired, got)
 	}
+}
+
+// Keys seen twice (a Get hit after their Put) survive a flood of ten times the table's size
+// of keys seen once, which evict only one another.
+func TestSeenTwiceSurvivesFloodOfSeenOnce(t *testing.T) {
+	const maxEntries, kept, flood = 5000, 1000, 50_000
+	tab, clk := newTestTable(t, time.Hour, maxEntries)
+	for i := range kept {
+		tab.Put(sid(uint64(i)), "owner")
+	}
+	clk.Advance(2 * time.Second)
+	for i := range kept {
+		mustGet(t, tab, sid(uint64(i)), "owner")
+	}
+	for i := range flood {
+		clk.Advance(time.Millisecond)
+		tab.Put(sid(uint64(kept+i)), "flood")
+	}
+	lost := 0
+	for i := range kept {
+		if _, ok := tab.Get(sid(uint64(i))); !ok {
+			lost++
+		}
+	}
+	s := tab.Stats()
+	t.Logf("after %d keys seen once: %d of %d keys seen twice lost; %d evictions, %d protected", flood, lost, kept, s.Evicted, s.Protected)
+	if lost != 0 {
+		t.Fatalf("%d of %d keys seen twice evicted by keys seen once", lost, kept)
+	}
+	checkInvariants(t, tab, true)
+	checkConservation(t, s)
+}
+
+// The protected segment holds four fifths of a shard: a promotion past that pushes its
+// least recently refreshed entry back to probation, which the next insert evicts first.
+func TestProtectedSegmentPushesBackOldest(t *testing.T) {
+	tab, clk := newTestTable(t, time.Hour, 10) // one shard: 8 protected
+	for i := range 10 {
+		tab.Put(fmt.Sprint(i), "x")
+		clk.Advance(2 * time.Second)
+	}
+	for i := range 9 { // 0..8 seen again; 0, the oldest, pushed back
+		mustGet(t, tab, fmt.Sprint(i), "x")
+		clk.Advance(2 * time.Second)
+	}
+	if s := tab.Stats(); s.Protected != 8 {
+		t.Fatalf("%d protected, want 8", s.Protected)
+	}
+	tab.Put("new", "x") // full: evicts the entry pushed back, not 9 (seen once, newer)
+	mustMiss(t, tab, "0")
+	mustGet(t, tab, "9", "x")
+	checkInvariants(t, tab, true)
 }

@@ -54,6 +54,9 @@ type Snapshot struct {
 	Services []Service `json:"services"`
 	// Nodes are the data-plane nodes connected to a control plane (xds tier only).
 	Nodes []Node `json:"nodes,omitempty"`
+	// Feeds are the control planes a node takes its view from (XDP and Caddy nodes fed by
+	// `stickylb xds`): what waits for endpoints, what was left out.
+	Feeds []Feed `json:"feeds,omitempty"`
 	// Config is the file the tier serves and how its last edit went (xds, and xdp with
 	// --pools); nil where the tier has none.
 	Config *ConfigFile `json:"config,omitempty"`

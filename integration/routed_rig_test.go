@@ -212,7 +212,7 @@ func (rf *routedFleet) nodeArgs(lb string, graceful bool) []string {
 	args := append([]string{rf.bin, "xdp"}, source...)
 	args = append(args, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb),
 		"--metrics", "127.0.0.1:9911",
-		"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-peer", routed4("rt") + "@" + strconv.Itoa(routerASN) + "," + routed6("rt") + "@" + strconv.Itoa(routerASN),
+		"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-peer", routed4("rt")+"@"+strconv.Itoa(routerASN)+","+routed6("rt")+"@"+strconv.Itoa(routerASN),
 		"--bgp-hold", routedHold.String(), "--drain-time", routedDrainTime.String(), "--bgp-community", "65001:"+routedHosts[lb])
 	if graceful {
 		args = append(args, "--bgp-graceful-restart")

@@ -229,8 +229,8 @@ func TestCloseWithdraws(t *testing.T) {
 	})
 }
 
-// metricValue is the value of the series of metric name whose one label is label.
-func metricValue(t *testing.T, c prometheus.Collector, name, label string) float64 {
+// series are the values of metric name's series, by their one label's value.
+func series(t *testing.T, c prometheus.Collector, name string) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
@@ -238,21 +238,30 @@ func metricValue(t *testing.T, c prometheus.Collector, name, label string) float
 	if err != nil {
 		t.Fatal(err)
 	}
+	out := map[string]float64{}
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == label {
-				if m.GetGauge() != nil {
-					return m.GetGauge().GetValue()
-				}
-				return m.GetCounter().GetValue()
+			v := m.GetCounter().GetValue()
+			if m.GetGauge() != nil {
+				v = m.GetGauge().GetValue()
 			}
+			out[m.GetLabel()[0].GetValue()] = v
 		}
 	}
-	t.Fatalf("no series %s{%s}", name, label)
-	return 0
+	return out
+}
+
+// metricValue is the value of the series of metric name whose one label is label.
+func metricValue(t *testing.T, c prometheus.Collector, name, label string) float64 {
+	t.Helper()
+	v, ok := series(t, c, name)[label]
+	if !ok {
+		t.Fatalf("no series %s{%s}", name, label)
+	}
+	return v
 }
 
 // TestMD5: with the router's password the session comes up; with another, the router drops
@@ -401,20 +410,8 @@ func TestCloseEndsEveryGoroutine(t *testing.T) {
 // hasSeries says whether the collector exports metric name with label value label.
 func hasSeries(t *testing.T, c prometheus.Collector, name, label string) bool {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if mf.GetName() == name && m.GetLabel()[0].GetValue() == label {
-				return true
-			}
-		}
-	}
-	return false
+	_, ok := series(t, c, name)[label]
+	return ok
 }
 
 // TestAnnouncedMeansOffered: stickylb_bgp_announced is 1 only while the VIP is in the

@@ -38,17 +38,19 @@ func staleRig(t *testing.T, cfg func(*Config)) (*loaderRig, *Loader) {
 	return r, l
 }
 
-// withNeighbour is loaderPoolsA with backend 10.9.1.9:80 of service a, whose MAC comes from
-// the neighbour table.
-const withNeighbour = loaderPoolsA + `  - name: n
+// loaderPoolsB is loaderPoolsA with service b at 10.9.0.2:80.
+const loaderPoolsB = loaderPoolsA + `  - name: b
     protocol: tcp
     vip: 10.9.0.2:80
     affinity: {mode: none}
     balance: maglev
     backends:
       - {address: 10.9.1.1:80, mac: "02:00:00:00:00:01"}
-      - {address: 10.9.1.9:80}
 `
+
+// withNeighbour is loaderPoolsB with backend 10.9.1.9:80 of service b, whose MAC comes from
+// the neighbour table.
+const withNeighbour = loaderPoolsB + "      - {address: 10.9.1.9:80}\n"
 
 // TestStaleWhileAnEditIsMissed: an edit that fails because the node's link is down (a new
 // backend's MAC cannot be resolved) leaves the node's tables behind the fleet's: Stale says
@@ -88,7 +90,7 @@ func TestStaleWhileAnEditIsMissed(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return l.Stale() == nil && slices.Contains(ts["n"].Table, "n/10.9.1.9:80"), fmt.Sprintf("stale %v, tables %v", l.Stale(), ts)
+		return l.Stale() == nil && slices.Contains(ts["b"].Table, "b/10.9.1.9:80"), fmt.Sprintf("stale %v, tables %v", l.Stale(), ts)
 	})
 	t.Logf("the edit installed %s after its neighbour became known", took.Round(time.Millisecond))
 	if retried.Load() != 1 {
@@ -141,8 +143,8 @@ func TestInstalledMACKept(t *testing.T) {
 	}
 	r.kit.In("lb", "ip", "link", "set", "v1", "down")
 	r.kit.In("lb", "ip", "neigh", "flush", "dev", "v0")
-	// Service q leaves; n keeps 10.9.1.9.
-	edit := withNeighbour[:strings.Index(withNeighbour, "  - name: q")] + withNeighbour[strings.Index(withNeighbour, "  - name: n"):]
+	// Service q leaves; b keeps 10.9.1.9.
+	edit := withNeighbour[:strings.Index(withNeighbour, "  - name: q")] + withNeighbour[strings.Index(withNeighbour, "  - name: b"):]
 	if err := r.applyIn(l, edit); err != nil {
 		t.Fatalf("an edit keeping an installed backend, its neighbour flushed and the link down: %v", err)
 	}

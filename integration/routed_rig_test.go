@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stickylb/stickylb/internal/testkit/flowhash"
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 	"github.com/stickylb/stickylb/l4xdp"
@@ -544,20 +544,10 @@ func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	return false, seen
 }
 
-// maglevBackend is the backend the nodes' table names for a TCP flow from src to dst
-// (what the program computes: FNV-1a over source and destination, IPv4 mapped, ports in
-// network order and the protocol, modulo the table size).
+// maglevBackend is the backend the nodes' table names for a TCP flow from src to dst (the
+// program's flow hash modulo the table size).
 func maglevBackend(table []string, src, dst netip.AddrPort) string {
-	s, d := src.Addr().As16(), dst.Addr().As16()
-	b := append(append([]byte{}, s[:]...), d[:]...)
-	b = binary.BigEndian.AppendUint16(b, src.Port())
-	b = binary.BigEndian.AppendUint16(b, dst.Port())
-	b = append(b, 6)
-	h := uint32(2166136261)
-	for _, x := range b {
-		h = (h ^ uint32(x)) * 16777619
-	}
-	return table[h%uint32(len(table))]
+	return table[flowhash.Sum(src.Addr(), dst.Addr(), src.Port(), dst.Port(), 6, false)%uint32(len(table))]
 }
 
 // hostOf is the host a backend name ("spread/10.77.0.11:80") is on.

@@ -24,6 +24,7 @@ var readersFiles = map[string]string{
 	"api.key":    "the change API's key",
 	"op.pem":     "an operator's client certificate for the change API",
 	"op.key":     "an operator's client key",
+	"ops-ca.pem": "the CA of the operators' client certificates for the change API",
 	"state.json": "a readable copy of the stored state the reader makes",
 }
 

@@ -480,10 +480,16 @@ func (r *fleetAllRig) sessions(tier string) (map[string]int, error) {
 
 // servesOnly: every tier's K sessions succeed, each on one of its want backends.
 func (r *fleetAllRig) servesOnly(vip, rpc []string) func() (bool, string) {
+	return tiersServeOnly(r.sessions, vip, rpc)
+}
+
+// tiersServeOnly: every tier's sessions (backend -> count, as sessions gives them) succeed,
+// the XDP nodes' on vip's backends only, Caddy's and the grpc-go client's on rpc's.
+func tiersServeOnly(sessions func(tier string) (map[string]int, error), vip, rpc []string) func() (bool, string) {
 	want := map[string][]string{"lb": vip, "lb2": vip, "caddy": rpc, "grpc": rpc}
 	return func() (bool, string) {
 		for _, tier := range faTierOrder {
-			got, err := r.sessions(tier)
+			got, err := sessions(tier)
 			if err != nil {
 				return false, fmt.Sprintf("%s: %v after %v", tier, err, got)
 			}

@@ -35,6 +35,9 @@ func (l *Loader) Status() (*status.Snapshot, error) {
 	}
 	fed := l.external != nil
 	l.mu.Unlock()
+	// The snapshot is of the moment its reading ended: a probe that finished while the
+	// services were read is then not later than the snapshot that shows it.
+	snap.Time = time.Now()
 
 	st, err := l.maps.Stats()
 	if err != nil {

@@ -16,8 +16,9 @@ import (
 	"github.com/stickylb/stickylb/policies/status"
 )
 
-// AdminHandler serves the fleet's status page at / (its JSON at /status.json), /healthz,
-// /metrics and /config (each stream's current snapshot as
+// AdminHandler serves the fleet's status page at / (its JSON at /status.json), /healthz
+// (503 while the server cannot serve nodes, see WithReadiness), /livez (while the process
+// runs), /metrics and /config (each stream's current snapshot as
 // JSON, in the manner of Envoy's config_dump). It authenticates nobody and /config shows the
 // whole fleet's configuration: serve it on a private address only (`--admin` is off unless
 // set). extra collectors are served on /metrics beside the server's own.
@@ -52,7 +53,18 @@ func (s *Server) AdminHandler(extra ...prometheus.Collector) http.Handler {
 		"1 while every non-draining backend of the service is down and the control plane fails open (publishes them all as UNKNOWN).",
 		[]string{"service"}, nil)})
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.readiness != nil {
+			if ready, why := s.readiness(); !ready {
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				w.Write([]byte("not ready: " + why + "\n"))
+				return
+			}
+		}
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// The fleet's status page at the root and its JSON beside it (read-only).
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { status.ServePage(w) })

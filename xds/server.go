@@ -113,6 +113,13 @@ func WithNodeIdentity() Option {
 	return func(s *Server) { s.requireIdentity = true }
 }
 
+// FirstVerdictSlack is added to the health checks' first-verdict bound
+// (health.Config.FirstVerdictWithin) before a control plane starting cold publishes
+// without every first verdict: a probe's timer and the transition's delivery run late on
+// a loaded machine, and a target left unknown after it is published unknown (routable).
+// The one-process control plane and a replica starting on an empty store hold as long.
+const FirstVerdictSlack = 250 * time.Millisecond
+
 // WithFirstVerdicts holds every snapshot until ready is closed (or the server's context
 // ends): a control plane that starts publishes its health view only once its checkers'
 // first probes have decided, so it never pushes the "unknown" of a checker that has not
@@ -123,6 +130,24 @@ func WithNodeIdentity() Option {
 // the config without health instead would publish exactly that "unknown".
 func WithFirstVerdicts(ready <-chan struct{}) Option {
 	return func(s *Server) { s.firstVerdicts = ready }
+}
+
+// WithResumeWait has wait called with the version a stream's first request says its
+// node holds (its ACKed version, from an earlier stream) before the stream is answered: a
+// replica of the replicated control plane that is behind the node waits there until it
+// has caught up, so the node is not sent an older version than it has.
+func WithResumeWait(wait func(version string)) Option {
+	return func(s *Server) { s.resumeWait = wait }
+}
+
+// Readiness says whether the control plane can serve nodes now, and why not: the
+// admin address's /healthz answers 503 while it cannot (a readiness probe's signal).
+type Readiness func() (ready bool, why string)
+
+// WithReadiness has /healthz answer 503 with why while ready says the server cannot serve
+// (a replica that has lost its store); /livez answers while the process runs either way.
+func WithReadiness(ready Readiness) Option {
+	return func(s *Server) { s.readiness = ready }
 }
 
 // Server serves one pools file to every node, per node locality.
@@ -159,6 +184,11 @@ type Server struct {
 	holding       atomic.Bool
 	// replica, when set, reports the replicated control plane on the status page.
 	replica ReplicaStatus
+	// resumeWait, when set, runs before a stream's first request with a version is
+	// answered (WithResumeWait).
+	resumeWait func(version string)
+	// readiness, when set, decides /healthz (WithReadiness).
+	readiness Readiness
 
 	buildMu sync.Mutex
 	// refreshQueued is set while a Refresh waits for buildMu.
@@ -352,6 +382,9 @@ func shrink[K comparable, V any](m *map[K]V, peak *int) {
 // status that ends the stream), the others ACK or NACK what the stream was sent. It returns
 // the node the cache must see, whose id is the stream's cache key.
 func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string, nacked bool, version string) (*corev3.Node, error) {
+	if s.resumeWait != nil && version != "" && version != deltaAckVersion && !s.admitted(id) {
+		s.resumeWait(version) // a stream's requests come one by one: this holds the stream alone
+	}
 	s.mu.Lock()
 	st := s.streams[id]
 	if st == nil {
@@ -388,6 +421,14 @@ func (s *Server) request(id int64, n *corev3.Node, typeURL, nonce, detail string
 		st.acks.ack(typeURL, version)
 	}
 	return st.keyNode, nil
+}
+
+// admitted reports whether stream id's first request was accepted.
+func (s *Server) admitted(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.streams[id]
+	return st != nil && st.admitted
 }
 
 // admitLocked checks a stream's first request and registers its node; it reports whether

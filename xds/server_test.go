@@ -223,7 +223,7 @@ func TestAdminEndpoints(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	if get("/healthz") != "ok\n" {
+	if get("/healthz") != "ok\n" || get("/livez") != "ok\n" {
 		t.Fatal("healthz")
 	}
 	if m := get("/metrics"); !strings.Contains(m, "stickylb_xds_nodes 1") || !strings.Contains(m, "stickylb_xds_pushes_total") {

@@ -39,7 +39,7 @@ func TestXDSAdminRefusesForeignHosts(t *testing.T) {
 	_, admin, done := runXDS(ctx, t, xdsOptions{pools: "../../pools.example.yaml", listen: "127.0.0.1:0", admin: "127.0.0.1:0",
 		adminHosts: []string{"ops.example"}, poll: time.Second}, zaptest.NewLogger(t))
 	_, port, _ := net.SplitHostPort(admin)
-	paths := []string{"/", "/status.json", "/config", "/metrics", "/healthz"}
+	paths := []string{"/", "/status.json", "/config", "/metrics", "/healthz", "/livez"}
 	foreign := []string{"evil.example:" + port, "evil.example", "127.0.0.1.evil.example:" + port, "localhost.evil.example:" + port, "[::1]:" + port, "10.0.0.1:" + port}
 	own := []string{admin, "localhost:" + port, "LOCALHOST:" + port, "ops.example:" + port, "ops.example"}
 	refused, total := 0, 0

@@ -64,9 +64,28 @@ func serveAdmin(addr string, hosts []string, h http.Handler, log *zap.Logger) (s
 		log.Warn("refused an HTTP request for a name this endpoint does not have (DNS rebinding, or a name to add with --admin-host)",
 			zap.String("host", logCut(r.Host)), zap.String("remote", r.RemoteAddr), zap.String("path", logCut(r.URL.Path)))
 	})
-	hs := &http.Server{Handler: guarded, ReadHeaderTimeout: 5 * time.Second}
+	return ln.Addr().String(), serveHTTP(ln, guarded, serverLimits()), nil
+}
+
+// httpLimits bound what one client of an HTTP server (the admin endpoints, the change API)
+// costs: a client that sends slowly, holds connections idle or sends huge headers.
+type httpLimits struct {
+	readHeader, read, write, idle time.Duration
+	maxHeaderBytes                int
+}
+
+// serverLimits are the limits every HTTP server of the command runs with.
+func serverLimits() httpLimits {
+	return httpLimits{readHeader: 5 * time.Second, read: 30 * time.Second, // 1 MiB of pools file at 35 KB/s
+		write: 30 * time.Second, idle: 60 * time.Second, maxHeaderBytes: 64 << 10}
+}
+
+// serveHTTP serves h on ln within l until the returned function closes it.
+func serveHTTP(ln net.Listener, h http.Handler, l httpLimits) (closeIt func()) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: l.readHeader, ReadTimeout: l.read,
+		WriteTimeout: l.write, IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeaderBytes}
 	go func() { _ = hs.Serve(ln) }()
-	return ln.Addr().String(), func() { hs.Close() }, nil
+	return func() { hs.Close() }
 }
 
 // checkAdminHosts refuses --admin-host without the address flag it goes with (addrFlag:

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,9 +15,11 @@ import (
 	"time"
 
 	"github.com/stickylb/stickylb/internal/certpool"
+	"github.com/stickylb/stickylb/internal/secretfile"
+	"github.com/stickylb/stickylb/xds/store"
 )
 
-const ctlUsage = `usage: stickylb ctl --api URL (--token-file F | --cert F --key F) [--ca F] VERB ...
+const ctlUsage = `usage: stickylb ctl --api URL (--token-file F | --cert F --key F) [--ca F] [--timeout D] VERB ...
 
 The change API of a control-plane replica (stickylb xds --etcd ... --api ADDR). Every
 change is validated by the pools file's rules, stored with a compare-and-swap, and pushed
@@ -29,15 +30,18 @@ verbs:
   service SERVICE                   one service
   drain SERVICE BACKEND             no new sessions to the backend (drain: true)
   undrain SERVICE BACKEND           new sessions again
-  weight SERVICE BACKEND N          set the backend's weight (1..10000)
-  add SERVICE BACKEND-JSON          add a backend, e.g. '{"address": "10.0.1.4:8080", "zone": "zone-a"}'
-                                    (or change the fields given of the backend it names)
+  weight SERVICE BACKEND N          set the backend's weight (1..10000); a backend the service
+                                    lacks is an error (404), never added
+  add SERVICE BACKEND-JSON          add a backend, e.g. '{"address": "10.0.1.4:8080", "zone": "zone-a"}';
+                                    one the service has already is an error (409)
   remove SERVICE BACKEND            remove the backend from the service
   zone-drain SERVICE ZONE           list the zone in drained_zones (its backends are the last resort)
   zone-undrain SERVICE ZONE         take the zone out of drained_zones
   pools-get                         print the stored pools file (its revision on stderr)
-  pools-put FILE [--if-match N]     replace the pools file (if it is still at revision N; default:
-                                    the revision read just before)
+  pools-put FILE [--if-match N | --force]
+                                    replace the pools file: if it is still at revision N, or
+                                    (without --if-match) at the revision read just before,
+                                    refusing when someone else stored it last unless --force
 `
 
 // ctlClient is the API's HTTP client.
@@ -48,23 +52,18 @@ type ctlClient struct {
 }
 
 func ctlCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage) }
+	fs := newFlagSet("ctl", ctlUsage, stderr)
 	apiURL := fs.String("api", "", "the API's URL (https://HOST:PORT, or http:// on loopback)")
 	tokenFile := fs.String("token-file", "", "file holding the bearer token alone")
 	cert := fs.String("cert", "", "client certificate (PEM)")
 	key := fs.String("key", "", "client key (PEM)")
 	ca := fs.String("ca", "", "CA bundle (PEM) that signs the API's certificate")
 	ifMatch := fs.Int64("if-match", -1, "pools-put: the revision the file was read at")
+	force := fs.Bool("force", false, "pools-put: replace the file even when someone else stored it last")
 	timeout := fs.Duration("timeout", 15*time.Second, "how long to wait for the API")
 	pos, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, ctlUsage)
-		return 0
-	}
 	if err != nil {
-		return 2
+		return parseError(err)
 	}
 	if *apiURL == "" || len(pos) == 0 || (*tokenFile == "") == (*cert == "") || (*cert == "") != (*key == "") {
 		fmt.Fprint(stderr, ctlUsage)
@@ -87,7 +86,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) int {
 		tcfg.Certificates = []tls.Certificate{kp}
 	}
 	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
+		b, err := secretfile.Read(*tokenFile)
 		if err != nil {
 			fmt.Fprintf(stderr, "stickylb ctl: %v\n", err)
 			return 1
@@ -95,7 +94,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) int {
 		c.token = strings.TrimSpace(string(b))
 	}
 	c.hc = &http.Client{Timeout: *timeout, Transport: &http.Transport{TLSClientConfig: tcfg}}
-	req, err := c.request(pos, *ifMatch)
+	req, err := c.request(pos, *ifMatch, *force)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb ctl: %v\n", err)
 		if errors.Is(err, errCtlUsage) {
@@ -110,7 +109,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) int {
 var errCtlUsage = errors.New("wrong arguments")
 
 // request builds the API request of a verb.
-func (c *ctlClient) request(pos []string, ifMatch int64) (*http.Request, error) {
+func (c *ctlClient) request(pos []string, ifMatch int64, force bool) (*http.Request, error) {
 	verb, args := pos[0], pos[1:]
 	want := map[string]int{"services": 0, "service": 1, "drain": 2, "undrain": 2, "weight": 3, "add": 2, "remove": 2,
 		"zone-drain": 2, "zone-undrain": 2, "pools-get": 0, "pools-put": 1}
@@ -138,18 +137,7 @@ func (c *ctlClient) request(pos []string, ifMatch int64) (*http.Request, error) 
 		}
 		return c.newRequest(http.MethodPut, backendPath(args[0], args[1]), fmt.Appendf(nil, `{"weight": %d}`, w))
 	case "add":
-		var fields map[string]any
-		if err := json.Unmarshal([]byte(args[1]), &fields); err != nil {
-			return nil, fmt.Errorf("the backend: want a JSON object of backend fields: %w", err)
-		}
-		id, _ := fields["hash_key"].(string)
-		if id == "" {
-			id, _ = fields["address"].(string)
-		}
-		if id == "" {
-			return nil, errors.New(`the backend needs an "address"`)
-		}
-		return c.newRequest(http.MethodPut, backendPath(args[0], id), []byte(args[1]))
+		return c.newRequest(http.MethodPost, "/v1/services/"+url.PathEscape(args[0])+"/backends", []byte(args[1]))
 	case "remove":
 		return c.newRequest(http.MethodDelete, backendPath(args[0], args[1]), nil)
 	case "zone-drain", "zone-undrain":
@@ -167,11 +155,16 @@ func (c *ctlClient) request(pos []string, ifMatch int64) (*http.Request, error) 
 	}
 	req.Header.Set("Content-Type", "application/yaml")
 	if ifMatch < 0 {
-		rev, err := c.revision()
+		stored, err := c.stored()
 		if err != nil {
 			return nil, err
 		}
-		ifMatch = rev
+		if !force {
+			if err := overwriteCheck(stored.doc(), stored.Caller, "stickylb ctl ... pools-get", "--if-match", "pools-put"); err != nil {
+				return nil, err
+			}
+		}
+		ifMatch = stored.Revision
 	}
 	req.Header.Set("If-Match", `"`+strconv.FormatInt(ifMatch, 10)+`"`)
 	return req, nil
@@ -191,29 +184,46 @@ func (c *ctlClient) newRequest(method, path string, body []byte) (*http.Request,
 	return req, nil
 }
 
-// revision is the stored file's revision (0 when none is stored).
-func (c *ctlClient) revision() (int64, error) {
+// storedFile is what GET /v1/pools says of the stored file.
+type storedFile struct {
+	Revision int64     `json:"revision"`
+	File     string    `json:"file"`
+	By       string    `json:"stored_by"`
+	At       time.Time `json:"stored_at"`
+	Op       string    `json:"op"`
+	// Caller is the name this client authenticated as.
+	Caller string `json:"caller"`
+	Error  string `json:"error"`
+}
+
+// doc is the stored file as a document (nil when none is stored).
+func (f *storedFile) doc() *store.Document {
+	if f.Revision == 0 {
+		return nil
+	}
+	return &store.Document{Revision: f.Revision, Change: store.Change{By: f.By, At: f.At, Op: f.Op}}
+}
+
+// stored reads the stored file (revision 0 when none is stored).
+func (c *ctlClient) stored() (*storedFile, error) {
 	req, err := c.newRequest(http.MethodGet, "/v1/pools", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	var out struct {
-		Revision int64  `json:"revision"`
-		Error    string `json:"error"`
-	}
-	_ = json.NewDecoder(resp.Body).Decode(&out)
+	var out storedFile
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&out)
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return out.Revision, nil
+		return &out, nil
 	case http.StatusNotFound:
-		return 0, nil
+		return &storedFile{}, nil
 	}
-	return 0, fmt.Errorf("reading the stored revision: %s: %s", resp.Status, out.Error)
+	return nil, fmt.Errorf("reading the stored revision: %s: %s", resp.Status, out.Error)
 }
 
 // do sends req and prints the answer: JSON as it comes, the pools file as a file.
@@ -245,11 +255,7 @@ func (c *ctlClient) do(req *http.Request, file bool, stdout, stderr io.Writer) i
 		return 1
 	}
 	if file {
-		var p struct {
-			Revision int64  `json:"revision"`
-			File     string `json:"file"`
-			By       string `json:"stored_by"`
-		}
+		var p storedFile
 		if err := json.Unmarshal(body, &p); err != nil {
 			fmt.Fprintf(stderr, "stickylb ctl: %v\n", err)
 			return 1

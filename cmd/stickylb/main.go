@@ -46,7 +46,7 @@ const usage = `usage:
                                                        forward the pools file's VIPs in XDP (also: xdp stats|detach|pass)
   stickylb xdp --xds ADDR[,ADDR...] --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]]
                                                        forward the VIPs and verdicts a control plane pushes
-  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F --etcd-cert F --etcd-key F]
+  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F --etcd-cert F --etcd-key F] [--if-revision N | --force] [--as NAME]
                                                        validate a pools file and store it for the replicas
   stickylb pools get --etcd URL[,URL...]              print the stored pools file (its revision on stderr)
   stickylb xds --etcd URL[,URL...] --listen ADDR [--api ADDR ...]
@@ -173,21 +173,39 @@ func printJSON(stdout, stderr io.Writer, v any) int {
 // load reads a pools file, printing its errors (every one, file:line first) and warnings.
 func load(path string, stderr io.Writer) (*pools.File, bool) {
 	f, err := pools.Load(path)
+	return reported(f, err, stderr)
+}
+
+// parseFile parses the pools file data read from path, printing its errors and warnings
+// as load does.
+func parseFile(path string, data []byte, stderr io.Writer) (*pools.File, bool) {
+	f, err := pools.Parse(path, data)
+	return reported(f, err, stderr)
+}
+
+// reported prints a parsed pools file's errors, or its warnings, and says whether it is
+// usable.
+func reported(f *pools.File, err error, stderr io.Writer) (*pools.File, bool) {
 	if err != nil {
-		var list pools.ErrorList
-		if errors.As(err, &list) {
-			for _, e := range list {
-				fmt.Fprintln(stderr, e)
-			}
-		} else {
-			fmt.Fprintln(stderr, err)
-		}
+		printErrors(err, stderr)
 		return nil, false
 	}
 	for _, w := range f.Warnings {
 		fmt.Fprintf(stderr, "%s:%d:%d: warning: %s\n", w.File, w.Line, w.Col, w.Msg)
 	}
 	return f, true
+}
+
+// printErrors prints every error of a pools file's ErrorList on a line of its own.
+func printErrors(err error, stderr io.Writer) {
+	var list pools.ErrorList
+	if !errors.As(err, &list) {
+		fmt.Fprintln(stderr, err)
+		return
+	}
+	for _, e := range list {
+		fmt.Fprintln(stderr, e)
+	}
 }
 
 func validate(args []string, stdout, stderr io.Writer) int {

@@ -299,7 +299,8 @@ func TestPlanVirtualNodes(t *testing.T) {
 // exits 0.
 func TestHelpShowsArguments(t *testing.T) {
 	placeholder := regexp.MustCompile(`\b[A-Z]+\b`)
-	for _, cmd := range [][]string{{"validate"}, {"plan"}, {"xds"}, {"xdp"}, {"xdp", "stats"}, {"xdp", "tables"}, {"xdp", "detach"}, {"xdp", "pass"}, {"xdp", "drain"}, {"xdp", "undrain"}} {
+	for _, cmd := range [][]string{{"validate"}, {"plan"}, {"xds"}, {"xdp"}, {"xdp", "stats"}, {"xdp", "tables"}, {"xdp", "detach"}, {"xdp", "pass"}, {"xdp", "drain"}, {"xdp", "undrain"},
+		{"pools"}, {"pools", "apply"}, {"pools", "get"}, {"ctl"}} {
 		name := strings.Join(cmd, " ")
 		var out, errb bytes.Buffer
 		code := run(append(slices.Clone(cmd), "-h"), &out, &errb)

@@ -12,12 +12,20 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/stickylb/stickylb/policies/pools"
 	"github.com/stickylb/stickylb/xds/store"
 )
 
 const poolsUsage = `usage:
-  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]] [--if-revision N]
-  stickylb pools get --etcd URL[,URL...] [--etcd-prefix P] [TLS flags]
+  stickylb pools apply FILE --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]] [--if-revision N | --force] [--as NAME]
+  stickylb pools get --etcd URL[,URL...] [--etcd-prefix P] [--etcd-ca F [--etcd-cert F --etcd-key F]]
+
+apply validates FILE as validate does and stores it for the replicas, with a compare-and-swap
+on the revision it read. When someone else stored the file last (a change through the API,
+another operator), apply refuses: look at it with get, then apply with --if-revision N (the
+revision you read) or --force. A job that applies a file of record names itself with --as,
+so its own last apply is not someone else's. get prints the stored file, its revision on
+stderr.
 `
 
 // storeFlags are the flags of every command that reaches the store.
@@ -73,29 +81,34 @@ func whoAmI() string {
 }
 
 func poolsCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "apply" && args[0] != "get") {
-		fmt.Fprint(stderr, poolsUsage)
-		return 2
+	sub := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("pools "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet(strings.TrimSpace("pools "+sub), poolsUsage, stderr)
 	var sf storeFlags
 	sf.register(fs)
-	ifRev := fs.Int64("if-revision", -1, "apply only if the stored file is at this revision (0: only into an empty store); default: the revision read just before")
+	ifRev := fs.Int64("if-revision", -1, "apply: store only if the stored file is at this revision (0: only into an empty store); default: the revision read just before")
+	force := fs.Bool("force", false, "apply: store even when someone else stored the file last (their change is overwritten)")
+	as := fs.String("as", "", "apply: the name the change is recorded under (default USER@HOST)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for etcd")
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := parseInterspersed(fs, args)
 	if err != nil {
-		return 2
+		return parseError(err)
 	}
-	if sf.etcd == "" || (args[0] == "apply") != (len(pos) == 1) || (args[0] == "get" && len(pos) != 0) {
+	if sub != "apply" && sub != "get" || sf.etcd == "" || (sub == "apply") != (len(pos) == 1) || (sub == "get" && len(pos) != 0) {
 		fmt.Fprint(stderr, poolsUsage)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	cfg := sf.config()
-	if args[0] == "apply" {
-		return poolsApply(ctx, cfg, pos[0], *ifRev, stdout, stderr)
+	if sub == "apply" {
+		me := *as
+		if me == "" {
+			me = whoAmI()
+		}
+		return poolsApply(ctx, cfg, pos[0], me, *ifRev, *force, stdout, stderr)
 	}
 	cli, err := cfg.Client(zap.NewNop())
 	if err != nil {
@@ -117,24 +130,25 @@ func poolsCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// poolsApply validates the file exactly as `validate` does, then stores it with a
-// compare-and-swap on the revision it read (or the one given).
-func poolsApply(ctx context.Context, cfg store.Config, path string, ifRev int64, stdout, stderr io.Writer) int {
+// poolsApply validates the file exactly as `validate` does, then stores those bytes as me
+// with a compare-and-swap on the revision it read (or the one given). Without a revision
+// given it refuses to overwrite a file someone else stored last, unless forced.
+func poolsApply(ctx context.Context, cfg store.Config, path, me string, ifRev int64, force bool, stdout, stderr io.Writer) int {
 	if fi, err := os.Stat(path); err == nil && fi.Size() > store.MaxDocument {
 		fmt.Fprintf(stderr, "%s: %d bytes; the store takes a pools file of at most %d bytes (1 MiB: etcd's requests are limited to 1.5 MiB)\n", path, fi.Size(), store.MaxDocument)
 		return 1
 	}
-	f, ok := load(path, stderr)
-	if !ok {
-		return 1
-	}
-	data, err := os.ReadFile(path)
+	data, err := pools.ReadFile(path)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		printErrors(err, stderr)
 		return 1
 	}
-	if len(data) > store.MaxDocument {
+	if len(data) > store.MaxDocument { // grew since the stat
 		fmt.Fprintf(stderr, "%s: %d bytes; the store takes a pools file of at most %d bytes (1 MiB)\n", path, len(data), store.MaxDocument)
+		return 1
+	}
+	f, ok := parseFile(path, data, stderr)
+	if !ok {
 		return 1
 	}
 	cli, err := cfg.Client(zap.NewNop())
@@ -143,19 +157,13 @@ func poolsApply(ctx context.Context, cfg store.Config, path string, ifRev int64,
 		return 1
 	}
 	defer cli.Close()
-	expect := ifRev
-	if expect < 0 {
-		doc, err := store.GetDocument(ctx, cli, cfg.Keys())
-		if err != nil {
-			fmt.Fprintf(stderr, "stickylb pools apply: %v\n", err)
-			return 1
-		}
-		expect = 0
-		if doc != nil {
-			expect = doc.Revision
+	var accept func(*store.Document) error
+	if ifRev < 0 && !force {
+		accept = func(old *store.Document) error {
+			return overwriteCheck(old, me, "stickylb pools get", "--if-revision", "apply")
 		}
 	}
-	rev, err := store.PutDocument(ctx, cli, cfg.Keys(), data, expect, store.Change{By: whoAmI(), Op: "apply"})
+	_, rev, err := store.ReplaceDocument(ctx, cli, cfg.Keys(), data, ifRev, store.Change{By: me, Op: "apply"}, accept)
 	if err != nil { // a conflict names the stored revision and who stored it
 		fmt.Fprintf(stderr, "stickylb pools apply: %v\n", err)
 		return 1
@@ -166,4 +174,17 @@ func poolsApply(ctx context.Context, cfg store.Config, path string, ifRev int64,
 	}
 	fmt.Fprintf(stdout, "%s: stored at revision %d (%d services, %d backends)\n", path, rev, len(f.Services), backends)
 	return 0
+}
+
+// overwriteCheck refuses to replace a stored file that someone other than me stored last
+// (a drain through the API, another operator's apply): replacing it would undo their
+// change unseen. read names the command that shows it, pin the flag that names the
+// revision read, and verb the command refused.
+func overwriteCheck(old *store.Document, me, read, pin, verb string) error {
+	if old == nil || old.Change.By == me {
+		return nil
+	}
+	return fmt.Errorf("the stored pools file (revision %d) was stored last by %s at %s (%s), not by you (%s): this %s would overwrite that change. "+
+		"Look at it with `%s`, carry it into your file, then %s with %s %d; or add --force to overwrite it",
+		old.Revision, old.Change.By, old.Change.At.UTC().Format(time.RFC3339), old.Change.Op, me, verb, read, verb, pin, old.Revision)
 }

@@ -2,13 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stickylb/stickylb/internal/testkit/etcdtest"
+	"github.com/stickylb/stickylb/xds/store"
 )
 
 // pools apply validates as validate does and stores nothing on an error; get prints the
@@ -62,6 +65,43 @@ func TestPoolsApplyGet(t *testing.T) {
 	code, _, errs = run2("pools", "apply", p, "--etcd", ep, "--if-revision", fmt.Sprint(rev))
 	if code != 1 || !strings.Contains(errs, "conflict") || !strings.Contains(errs, fmt.Sprintf("revision %d", rev)) || !strings.Contains(errs, whoAmI()) {
 		t.Fatalf("stale apply: %d %q", code, errs)
+	}
+	// Someone else stores the file (a drain through the API): an apply without a revision
+	// would undo it unseen, so it is refused, naming them; --if-revision of the revision
+	// read, or --force, stores it.
+	cli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cur, err := store.GetDocument(ctx, cli, store.KeysOf(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := store.PutDocument(ctx, cli, store.KeysOf(""), append(good, []byte("# drained by bob\n")...), cur.Revision, store.Change{By: "token:bob", Op: "backend_drain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = run2("pools", "apply", p, "--etcd", ep)
+	if code != 1 || !strings.Contains(errs, "token:bob") || !strings.Contains(errs, fmt.Sprintf("--if-revision %d", theirs)) {
+		t.Fatalf("apply over someone else's change: %d %q", code, errs)
+	}
+	if doc, _ := store.GetDocument(ctx, cli, store.KeysOf("")); doc.Revision != theirs {
+		t.Fatal("the refused apply was stored")
+	}
+	if code, _, errs := run2("pools", "apply", p, "--etcd", ep, "--if-revision", fmt.Sprint(theirs)); code != 0 {
+		t.Fatalf("apply with --if-revision of their revision: %q", errs)
+	}
+	if _, err := store.PutDocument(ctx, cli, store.KeysOf(""), good, theirs+1, store.Change{By: "token:bob"}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run2("pools", "apply", p, "--etcd", ep, "--force", "--as", "pools-apply-job"); code != 0 {
+		t.Fatalf("apply --force: %q", errs)
+	}
+	// A job naming itself with --as is not someone else to its next run.
+	if code, _, errs := run2("pools", "apply", p, "--etcd", ep, "--as", "pools-apply-job"); code != 0 {
+		t.Fatalf("the job's second apply: %q", errs)
+	}
+	if code, _, errs := run2("pools", "get", "--etcd", ep); code != 0 || !strings.Contains(errs, "stored by pools-apply-job") {
+		t.Fatalf("stored by: %q", errs)
 	}
 	big := filepath.Join(dir, "big.yaml")
 	os.WriteFile(big, append(good, bytes.Repeat([]byte("#\n"), 1<<19)...), 0o644)

@@ -10,14 +10,17 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/stickylb/stickylb/internal/hostcheck"
 	"github.com/stickylb/stickylb/xds"
 	"github.com/stickylb/stickylb/xds/api"
 	"github.com/stickylb/stickylb/xds/replica"
@@ -33,7 +36,9 @@ type replicaFlags struct {
 	apiCert      string
 	apiKey       string
 	apiClientCA  string
+	apiNames     string
 	apiTokens    string
+	apiHosts     hostList
 }
 
 func (f *replicaFlags) register(fs *flag.FlagSet) {
@@ -44,9 +49,15 @@ func (f *replicaFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.api, "api", "", "address of the change API (HTTPS with --api-cert/--api-key; plaintext only on a loopback address)")
 	fs.StringVar(&f.apiCert, "api-cert", "", "the API's certificate (PEM)")
 	fs.StringVar(&f.apiKey, "api-key", "", "the API's key (PEM)")
-	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM): client certificates it signs authenticate to the API")
+	fs.StringVar(&f.apiClientCA, "api-client-ca", "", "CA bundle (PEM) of the API's client certificates: a CA of its own, not the nodes' xDS CA (with --api-client-names)")
+	fs.StringVar(&f.apiNames, "api-client-names", "", "comma-separated names (common name, DNS or URI SAN) of the client certificates that may change the fleet; \"*\": every one --api-client-ca signs")
 	fs.StringVar(&f.apiTokens, "api-tokens", "", "file of `NAME TOKEN` lines: bearer tokens that authenticate to the API")
+	fs.Var(&f.apiHosts, "api-host", "more Host names the API answers (comma-separated or repeated; it always answers its own address, localhost when that is loopback, and any IP address when it listens on all of them): other names are refused with 421 (DNS rebinding)")
 }
+
+// minStoreTimeout is the shortest --store-timeout: etcd's own leader election (its
+// election timeout, 1 s by default) must not look like a lost store.
+const minStoreTimeout = time.Second
 
 // serveReplica runs one replica until ctx ends; ready, when set, receives the bound
 // addresses (xDS, admin, API).
@@ -59,7 +70,12 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 	if rf.leaseTTL < 1 {
 		return fail(errors.New("--lease-ttl is whole seconds, at least 1"))
 	}
+	if rf.storeTimeout < minStoreTimeout {
+		return fail(fmt.Errorf("--store-timeout %s: at least %s (etcd takes about a second to elect a leader of its own; a shorter timeout would end every stream at each election)",
+			rf.storeTimeout, minStoreTimeout))
+	}
 	var apiHandler *api.Server
+	var apiServed http.Handler
 	opts, err := grpcOptions(o)
 	if err != nil {
 		return fail(err)
@@ -91,6 +107,11 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 			return fail(err)
 		}
 		apiHandler = api.New(cli, scfg.Keys(), auth, log)
+		if apiServed, err = apiGuard(rf, apiHandler.Handler(), log); err != nil {
+			apiLn.Close()
+			ln.Close()
+			return fail(err)
+		}
 	}
 	xopts := o.limits()
 	if o.clientCA != "" {
@@ -118,7 +139,7 @@ func serveReplica(ctx context.Context, o xdsOptions, log *zap.Logger, stderr io.
 	apiAddr := ""
 	if apiLn != nil {
 		apiAddr = apiLn.Addr().String()
-		defer serveHTTP(apiLn, apiHandler.Handler())()
+		defer serveHTTP(apiLn, apiServed, serverLimits())()
 	}
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
@@ -147,17 +168,41 @@ func registerHealth(g *grpc.Server, gate *replica.Gate) {
 	})
 }
 
-// serveHTTP serves h on ln until the returned function closes it.
-func serveHTTP(ln net.Listener, h http.Handler) (closeIt func()) {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	return func() { hs.Close() }
+// apiMaxConns caps the change API's connections (an operator's console, a few scripts):
+// more wait in the listen queue until one closes.
+const apiMaxConns = 64
+
+// apiHostHint says, in a refusal, which Host names the API answers.
+const apiHostHint = "it answers its listen address, localhost when that is loopback, any IP address when it listens on all of them, and the names given with --api-host"
+
+// apiGuard serves the API only to requests whose Host is one of its names (see
+// internal/hostcheck): a browser holding an operator's client certificate, led to the
+// API's address by a DNS rebinding, would present that certificate for another name's page.
+func apiGuard(rf replicaFlags, h http.Handler, log *zap.Logger) (http.Handler, error) {
+	names, err := hostcheck.ForListen(rf.api, rf.apiHosts...)
+	if err != nil {
+		return nil, fmt.Errorf("--api-host: %w", err)
+	}
+	return names.Guard(h, apiHostHint, func(r *http.Request) {
+		log.Warn("refused an API request for a name the API does not have (DNS rebinding, or a name to add with --api-host)",
+			zap.String("host", logCut(r.Host)), zap.String("remote", r.RemoteAddr), zap.String("path", logCut(r.URL.Path)))
+	}), nil
 }
 
-// apiAuth reads the API's credentials: tokens and/or client certificates, at least one.
+// apiAuth reads the API's credentials: tokens and/or client certificates by name, at
+// least one.
 func apiAuth(rf replicaFlags) (*api.Auth, error) {
 	if rf.apiTokens == "" && rf.apiClientCA == "" {
 		return nil, errors.New("--api needs --api-tokens FILE or --api-client-ca FILE: the API authenticates every request")
+	}
+	var names []string
+	for _, n := range strings.Split(rf.apiNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	if (rf.apiClientCA == "") != (len(names) == 0) {
+		return nil, errors.New(`--api-client-ca and --api-client-names go together: name the client certificates that may change the fleet (or "*" for every one the CA signs: then give the API a CA of its own, never the nodes' xDS CA)`)
 	}
 	var tokens map[string]string
 	if rf.apiTokens != "" {
@@ -166,7 +211,7 @@ func apiAuth(rf replicaFlags) (*api.Auth, error) {
 			return nil, fmt.Errorf("reading --api-tokens: %w", err)
 		}
 	}
-	return api.NewAuth(tokens, rf.apiClientCA != ""), nil
+	return api.NewAuth(tokens, names), nil
 }
 
 // apiListener listens for the API: TLS with --api-cert/--api-key, else plaintext on a
@@ -180,12 +225,20 @@ func apiListener(rf replicaFlags) (net.Listener, error) {
 		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
 			return nil, fmt.Errorf("--api %s: without --api-cert and --api-key the API serves plaintext, on a loopback address only", rf.api)
 		}
-		return net.Listen("tcp", rf.api)
+		ln, err := net.Listen("tcp", rf.api)
+		if err != nil {
+			return nil, err
+		}
+		return netutil.LimitListener(ln, apiMaxConns), nil
 	}
 	// A certificate authenticates when given; without one a bearer token may.
 	cfg, err := tlsConfig(rf.apiCert, rf.apiKey, rf.apiClientCA, tls.VerifyClientCertIfGiven)
 	if err != nil {
 		return nil, fmt.Errorf("the API's TLS: %w", err)
 	}
-	return tls.Listen("tcp", rf.api, cfg)
+	ln, err := net.Listen("tcp", rf.api)
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(netutil.LimitListener(ln, apiMaxConns), cfg), nil
 }

@@ -38,6 +38,9 @@ services:
         zone: zone-b
 `
 
+// bobToken is the API token of a second operator.
+const bobToken = "b0b-s3cret-token-of-bob"
+
 // apiRig is one replica with its change API over a one-member etcd.
 type apiRig struct {
 	t              *testing.T
@@ -59,7 +62,8 @@ func newAPIRig(t *testing.T, tune ...func(*replicaFlags)) *apiRig {
 		t.Fatal(errs)
 	}
 	tokens := filepath.Join(rg.dir, "tokens")
-	os.WriteFile(tokens, []byte("# name token\nalice "+rg.token+"\n"), 0o600)
+	os.WriteFile(tokens, []byte("# name token\nalice "+rg.token+"\nbob "+bobToken+"\n"), 0o600)
+	os.WriteFile(filepath.Join(rg.dir, "bobtoken"), []byte(bobToken+"\n"), 0o600)
 	os.WriteFile(filepath.Join(rg.dir, "token"), []byte(rg.token+"\n"), 0o600)
 	var o xdsOptions
 	o.listen, o.admin = "127.0.0.1:0", "127.0.0.1:0"
@@ -141,8 +145,18 @@ func TestChangeAPI(t *testing.T) {
 	if code, _, errs := rg.ctl("weight", "web", "10.0.1.2:8080", "7"); code != 0 {
 		t.Fatalf("weight: %s", errs)
 	}
+	// A mistyped backend: weight never adds it (404), add refuses one there already (409).
+	if code, _, errs := rg.ctl("weight", "web", "10.0.1.7:8080", "5"); code != 1 || !strings.Contains(errs, "404") {
+		t.Fatalf("weight of a backend the service lacks: %d %s", code, errs)
+	}
+	if strings.Contains(rg.stored(), "10.0.1.7") {
+		t.Fatalf("weight added a backend:\n%s", rg.stored())
+	}
 	if code, _, errs := rg.ctl("add", "web", `{"address": "10.0.1.3:8080", "zone": "zone-b", "weight": 2}`); code != 0 {
 		t.Fatalf("add: %s", errs)
+	}
+	if code, _, errs := rg.ctl("add", "web", `{"address": "10.0.1.3:8080", "weight": 4}`); code != 1 || !strings.Contains(errs, "409") {
+		t.Fatalf("add of a backend there already: %d %s", code, errs)
 	}
 	if code, _, errs := rg.ctl("zone-drain", "web", "zone-b"); code != 0 {
 		t.Fatalf("zone-drain: %s", errs)
@@ -185,9 +199,21 @@ func TestChangeAPI(t *testing.T) {
 	if rg.stored() != file {
 		t.Fatal("an unauthenticated request changed the file")
 	}
+	// A request for another name (a DNS rebinding's page) is refused before authentication.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+rg.api+"/v1/services/web/backends/10.0.1.2:8080/drain", nil)
+	req.Host = "evil.example"
+	req.Header.Set("Authorization", "Bearer "+rg.token)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("a request for Host evil.example: %v %v, want 421", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if rg.stored() != file {
+		t.Fatal("a request for another Host changed the file")
+	}
 
 	// Two PUTs with the same If-Match: one 200, one 409.
-	req, _ := http.NewRequest(http.MethodGet, "http://"+rg.api+"/v1/pools", nil)
+	req, _ = http.NewRequest(http.MethodGet, "http://"+rg.api+"/v1/pools", nil)
 	req.Header.Set("Authorization", "Bearer "+rg.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -218,6 +244,22 @@ func TestChangeAPI(t *testing.T) {
 	if !(codes[0] == 200 && codes[1] == 409 || codes[0] == 409 && codes[1] == 200) {
 		t.Fatalf("two PUTs with If-Match %s: %v, want one 200 and one 409", etag, codes)
 	}
+	// ctl pools-put of another operator (bob) over alice's last change is refused, naming
+	// her, unless --force; alice replacing her own change is not.
+	put := filepath.Join(rg.dir, "put.yaml")
+	os.WriteFile(put, []byte(apiPools), 0o644)
+	bob := func(args ...string) (int, string, string) {
+		return rg.run(append([]string{"ctl", "--api", "http://" + rg.api, "--token-file", filepath.Join(rg.dir, "bobtoken")}, args...)...)
+	}
+	if code, _, errs := bob("pools-put", put); code != 1 || !strings.Contains(errs, "token:alice") || !strings.Contains(errs, "--force") {
+		t.Fatalf("bob's pools-put over alice's change: %d %s", code, errs)
+	}
+	if code, _, errs := bob("pools-put", put, "--force"); code != 0 {
+		t.Fatalf("bob's pools-put --force: %s", errs)
+	}
+	if code, _, errs := bob("pools-put", put); code != 0 {
+		t.Fatalf("bob's pools-put over his own: %s", errs)
+	}
 	// The replica's gRPC health service says it serves.
 	cc, err := grpc.NewClient(rg.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -233,6 +275,9 @@ func TestChangeAPI(t *testing.T) {
 	m := rg.metrics()
 	for _, want := range []string{`stickylb_xds_api_changes_total{op="backend_drain",result="ok"} 1`,
 		`stickylb_xds_api_changes_total{op="backend_put",result="invalid"} 2`,
+		`stickylb_xds_api_changes_total{op="backend_put",result="not_found"} 1`,
+		`stickylb_xds_api_changes_total{op="backend_add",result="ok"} 1`,
+		`stickylb_xds_api_changes_total{op="backend_add",result="conflict"} 1`,
 		`stickylb_xds_api_changes_total{op="backend_drain",result="unauthorized"} 2`,
 		`stickylb_xds_api_changes_total{op="pools_put",result="conflict"} 1`,
 		"stickylb_xds_store_connected 1", "stickylb_xds_leader 1"} {
@@ -249,7 +294,18 @@ func TestReplicaFlagsRefused(t *testing.T) {
 	if code := run([]string{"xds", "--etcd", "http://127.0.0.1:1", "--pools", "p.yaml"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "stickylb pools apply") {
 		t.Fatalf("--etcd with --pools: %d %s", code, errb.String())
 	}
-	for _, rf := range []replicaFlags{{api: "0.0.0.0:9000", apiTokens: "x"}, {api: "127.0.0.1:9000"}} {
+	errb.Reset()
+	if code := run([]string{"xds", "--etcd", "http://127.0.0.1:1", "--store-timeout", "100ms"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "--store-timeout 100ms: at least 1s") {
+		t.Fatalf("--store-timeout 100ms: %d %s", code, errb.String())
+	}
+	dir := t.TempDir()
+	tokens, open := filepath.Join(dir, "tokens"), filepath.Join(dir, "open-tokens")
+	os.WriteFile(tokens, []byte("alice s3cret-token-of-alice\n"), 0o600)
+	os.WriteFile(open, []byte("alice s3cret-token-of-alice\n"), 0o644)
+	os.Chmod(open, 0o644) // whatever the umask
+	for _, rf := range []replicaFlags{{api: "0.0.0.0:9000", apiTokens: tokens}, {api: "127.0.0.1:9000"},
+		{api: "127.0.0.1:9000", apiTokens: tokens, apiClientCA: "ca.pem"}, {api: "127.0.0.1:9000", apiTokens: tokens, apiNames: "ops"},
+		{api: "127.0.0.1:9000", apiTokens: open}} {
 		_, err := apiAuth(rf)
 		if err == nil {
 			_, err = apiListener(rf)
@@ -258,8 +314,16 @@ func TestReplicaFlagsRefused(t *testing.T) {
 			t.Errorf("%+v: accepted", rf)
 		}
 	}
-	if code := run([]string{"ctl", "--help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "zone-drain") {
-		t.Fatalf("ctl --help: %d", code)
+	// ctl's token file: refused when others may read it, before any request.
+	os.WriteFile(filepath.Join(dir, "token"), []byte("s3cret-token-of-alice\n"), 0o644)
+	os.Chmod(filepath.Join(dir, "token"), 0o644)
+	errb.Reset()
+	if code := run([]string{"ctl", "--api", "http://127.0.0.1:1", "--token-file", filepath.Join(dir, "token"), "pools-get"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "chmod 600") {
+		t.Fatalf("ctl with a token file others may read: %d %s", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"ctl", "--help"}, &out, &errb); code != 0 || strings.Count(errb.String(), "zone-drain") != 1 || !strings.Contains(errb.String(), "-timeout") {
+		t.Fatalf("ctl --help: %d\n%s", code, errb.String())
 	}
 }
 
@@ -273,10 +337,18 @@ func TestChangeAPIClientCertificates(t *testing.T) {
 	ca.WriteCA(file("ca.pem"))
 	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "api", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}}), file("api.pem"), file("api.key"))
 	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "operator-1"}), file("op.pem"), file("op.key"))
+	ca.WriteLeaf(ca.Issue(testcert.Leaf{Name: "node-1"}), file("node.pem"), file("node.key"))
 	rg := newAPIRig(t, func(rf *replicaFlags) {
 		rf.apiTokens, rf.apiCert, rf.apiKey, rf.apiClientCA = "", file("api.pem"), file("api.key"), file("ca.pem")
+		rf.apiNames = "operator-1"
 	})
-	code, _, errs := rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("op.pem"), "--key", file("op.key"), "--ca", file("ca.pem"),
+	// A certificate the CA signed whose name is not on --api-client-names changes nothing.
+	code, _, errs := rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("node.pem"), "--key", file("node.key"), "--ca", file("ca.pem"),
+		"drain", "web", "10.0.1.2:8080")
+	if code != 1 || !strings.Contains(errs, "401") || strings.Contains(rg.stored(), "drain: true") {
+		t.Fatalf("drain with a certificate not on the list: %d %s", code, errs)
+	}
+	code, _, errs = rg.run("ctl", "--api", "https://"+rg.api, "--cert", file("op.pem"), "--key", file("op.key"), "--ca", file("ca.pem"),
 		"drain", "web", "10.0.1.2:8080")
 	if code != 0 {
 		t.Fatalf("drain with a client certificate: %s", errs)

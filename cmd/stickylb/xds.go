@@ -155,12 +155,6 @@ func (cp *controlPlane) stop() {
 	cp.mon.Stop()
 }
 
-// firstVerdictSlack is added to the health checks' first-verdict bound before the control
-// plane publishes without every first verdict: a probe's timer and the transition's
-// delivery run late on a loaded machine, and a target left unknown after it is published
-// unknown (routable).
-const firstVerdictSlack = 250 * time.Millisecond
-
 // firstVerdicts closes ready once every target checked at start has a verdict (its first
 // transition), or at bound: a target whose first probe hit a prober fault makes no
 // transition, and stays unknown.
@@ -176,7 +170,7 @@ type firstVerdicts struct {
 func newFirstVerdicts(services []health.Service) *firstVerdicts {
 	w := &firstVerdicts{ready: make(chan struct{}), pending: map[string]bool{}}
 	for _, s := range services {
-		w.bound = max(w.bound, s.Config.FirstVerdictWithin()+firstVerdictSlack)
+		w.bound = max(w.bound, s.Config.FirstVerdictWithin()+xds.FirstVerdictSlack)
 		for _, t := range s.Targets {
 			w.pending[s.Name+"\x00"+t.ID] = true
 		}

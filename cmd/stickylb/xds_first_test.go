@@ -18,6 +18,7 @@ import (
 	"github.com/stickylb/stickylb/internal/testkit/grpctest"
 	"github.com/stickylb/stickylb/internal/testkit/loopback"
 	"github.com/stickylb/stickylb/policies/health"
+	"github.com/stickylb/stickylb/xds"
 )
 
 // A control plane that starts publishes its first EDS only once its first probes have
@@ -51,7 +52,7 @@ func TestXDSFirstEDSHasNoStartupUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	bound := hc.FirstVerdictWithin() + firstVerdictSlack
+	bound := hc.FirstVerdictWithin() + xds.FirstVerdictSlack
 	rctx, rcancel := context.WithTimeout(ctx, bound+5*time.Second)
 	defer rcancel()
 	stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(rctx)

@@ -31,7 +31,7 @@ func (o *xdsOptions) replicated() bool { return o.replica.store.etcd != "" }
 func (o *xdsOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.pools, "pools", "", "pools file to serve (reloaded when it changes)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18000", "gRPC address for ADS and the per-type xDS services")
-	fs.StringVar(&o.admin, "admin", "", "HTTP address for the status page at / (status.json beside it), /healthz, /metrics and /config (off when empty; unauthenticated: keep it private)")
+	fs.StringVar(&o.admin, "admin", "", "HTTP address for the status page at / (status.json beside it), /healthz (503 while a replica has lost its store), /livez, /metrics and /config (off when empty; unauthenticated: keep it private)")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "server certificate (PEM) for TLS")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", "", "CA bundle (PEM): require client certificates signed by it (mTLS)")

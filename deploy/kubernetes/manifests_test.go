@@ -272,6 +272,15 @@ func TestManifestsShape(t *testing.T) {
 			}
 		}
 	}
+	// A replica that lost etcd leaves the Service (readiness: /healthz answers 503), and is
+	// not restarted for it (liveness: /livez; on /healthz an etcd outage would restart
+	// every replica).
+	for _, c := range find(t, m, "Deployment", "stickylb-xds").pod.Spec.Containers {
+		if r, l := c.ReadinessProbe, c.LivenessProbe; r == nil || r.HTTPGet == nil || r.HTTPGet.Path != "/healthz" ||
+			l == nil || l.HTTPGet == nil || l.HTTPGet.Path != "/livez" {
+			t.Errorf("stickylb-xds %s: readiness %+v, liveness %+v: want /healthz and /livez", c.Name, r, l)
+		}
+	}
 	xdp := find(t, m, "DaemonSet", "stickylb-xdp").pod.Spec
 	if !xdp.HostNetwork || xdp.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 		t.Errorf("stickylb-xdp: hostNetwork %v, dnsPolicy %s", xdp.HostNetwork, xdp.DNSPolicy)
@@ -309,6 +318,11 @@ func TestManifestsShape(t *testing.T) {
 		for _, v := range w.pod.Spec.Volumes {
 			if v.Secret != nil && v.Secret.DefaultMode != nil && *v.Secret.DefaultMode&0o040 == 0 {
 				t.Errorf("%s %s: Secret %s mode %o: the pod's group (fsGroup) cannot read it", w.kind, w.name, v.Secret.SecretName, *v.Secret.DefaultMode)
+			}
+			// stickylb refuses a tokens file others may read (internal/secretfile); Kubernetes
+			// mounts a Secret 0644 unless told.
+			if v.Secret != nil && v.Secret.SecretName == "stickylb-api-tokens" && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o027 != 0) {
+				t.Errorf("%s %s: Secret %s mode %v: others may read it, or the group write it", w.kind, w.name, v.Secret.SecretName, v.Secret.DefaultMode)
 			}
 		}
 	}

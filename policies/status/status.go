@@ -86,6 +86,9 @@ type Replica struct {
 	Revision int64 `json:"revision"`
 	// Replicas are the replicas in the election, the leader first.
 	Replicas []string `json:"replicas,omitempty"`
+	// Problem is what the replica serves around, when anything: a stored pools file that
+	// does not parse here, and which one it serves instead.
+	Problem string `json:"problem,omitempty"`
 	// Note says why the replica refuses streams, when it does.
 	Note string `json:"note,omitempty"`
 }

@@ -2,39 +2,49 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/subtle"
+	"crypto/x509"
 	"fmt"
 	"net/http"
-	"os"
+	"slices"
 	"strings"
+
+	"github.com/stickylb/stickylb/internal/secretfile"
 )
 
 // Auth decides who a request comes from: a client certificate verified by the server's
-// client CA (its subject's common name, else its first SAN), or a bearer token of the
-// tokens file. Anything else gets 401 and changes nothing.
+// client CA whose name is on the allow-list, or a bearer token of the tokens file.
+// Anything else gets 401 and changes nothing.
 type Auth struct {
 	// tokens maps a token to its name.
 	tokens map[string]string
-	// certs: a verified client certificate authenticates (the TLS config verifies it).
-	certs bool
+	// certNames are the certificate names that authenticate (a common name, a DNS or URI
+	// SAN); "*" admits every certificate the client CA signed. None: certificates do not
+	// authenticate.
+	certNames []string
 }
 
-// NewAuth returns the authentication of the API: tokens (may be nil) and, when certs is
-// set, verified client certificates.
-func NewAuth(tokens map[string]string, certs bool) *Auth {
-	return &Auth{tokens: tokens, certs: certs}
+// AnyCertificate, as the only name of the allow-list, admits every client certificate the
+// API's client CA signed (a CA of the API's own, that signs nothing else).
+const AnyCertificate = "*"
+
+// NewAuth returns the authentication of the API: tokens (may be nil) and the client
+// certificates named in certNames (may be empty: no certificate authenticates).
+func NewAuth(tokens map[string]string, certNames []string) *Auth {
+	return &Auth{tokens: tokens, certNames: certNames}
 }
 
 // LoadTokens reads a tokens file: one `NAME TOKEN` per line; blank lines and lines
-// starting with # are skipped. A token shorter than 16 characters is refused.
+// starting with # are skipped. A token shorter than 16 characters is refused, and so is a
+// file others than its owner may read (internal/secretfile's rule).
 func LoadTokens(path string) (map[string]string, error) {
-	f, err := os.Open(path)
+	b, err := secretfile.Read(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	out := map[string]string{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -61,25 +71,22 @@ func LoadTokens(path string) (map[string]string, error) {
 	return out, nil
 }
 
-type whoKey struct{}
-
-// who is the name a request authenticated as, "" when none.
-func (a *Auth) who(r *http.Request) string {
-	if a.certs && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+// who is the name a request authenticated as ("" when none), and why not.
+func (a *Auth) who(r *http.Request) (string, string) {
+	why := "no credentials"
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 		c := r.TLS.VerifiedChains[0][0]
-		switch {
-		case c.Subject.CommonName != "":
-			return "cert:" + c.Subject.CommonName
-		case len(c.DNSNames) > 0:
-			return "cert:" + c.DNSNames[0]
-		case len(c.URIs) > 0:
-			return "cert:" + c.URIs[0].String()
+		if name, ok := a.certName(c); ok {
+			return "cert:" + name, ""
 		}
-		return "cert:" + c.SerialNumber.String()
+		why = fmt.Sprintf("client certificate %q is not in --api-client-names", c.Subject.CommonName)
 	}
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		return ""
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") { // RFC 7235: the scheme is case-insensitive
+		return "", why
+	}
+	if tok = strings.TrimSpace(tok); tok == "" {
+		return "", why
 	}
 	// Compare with every token in constant time, so the time taken tells nothing.
 	name := ""
@@ -89,22 +96,41 @@ func (a *Auth) who(r *http.Request) string {
 		}
 	}
 	if name == "" {
-		return ""
+		return "", "a bearer token not in --api-tokens"
 	}
-	return "token:" + name
+	return "token:" + name, ""
 }
 
-// wrap admits authenticated requests only; refused calls refused for each refusal.
-func (a *Auth) wrap(h http.Handler, refused func(*http.Request)) http.Handler {
+// certName is the name of c on the allow-list: its common name, a DNS SAN or a URI SAN,
+// in that order; with AnyCertificate, the first of those c has.
+func (a *Auth) certName(c *x509.Certificate) (string, bool) {
+	names := []string{c.Subject.CommonName}
+	names = append(names, c.DNSNames...)
+	for _, u := range c.URIs {
+		names = append(names, u.String())
+	}
+	for _, n := range names {
+		if n != "" && (slices.Contains(a.certNames, n) || slices.Contains(a.certNames, AnyCertificate)) {
+			return n, true
+		}
+	}
+	if slices.Contains(a.certNames, AnyCertificate) {
+		return "serial:" + c.SerialNumber.String(), true
+	}
+	return "", false
+}
+
+// wrap admits authenticated requests only; refused is called for each refusal with why.
+func (a *Auth) wrap(h http.Handler, refused func(r *http.Request, why string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		who := a.who(r)
+		who, why := a.who(r)
+		r.Header.Set(whoHeader, who) // a client's own value is replaced, with "" when refused
 		if who == "" {
-			refused(r)
+			refused(r, why)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="stickylb"`)
-			writeJSON(w, http.StatusUnauthorized, apiError{Error: "authentication required: a bearer token of --api-tokens, or a client certificate signed by --api-client-ca"})
+			writeJSON(w, http.StatusUnauthorized, apiError{Error: "authentication required: a bearer token of --api-tokens, or a client certificate signed by --api-client-ca and named in --api-client-names"})
 			return
 		}
-		r.Header.Set(whoHeader, who)
 		h.ServeHTTP(w, r)
 	})
 }

@@ -25,7 +25,7 @@ type edit func(d *doc) (before, after string, err error)
 func (s *Server) change(w http.ResponseWriter, r *http.Request, op string, e edit) {
 	expect, err := ifMatch(r)
 	if err != nil {
-		s.fail(w, op, http.StatusBadRequest, apiError{Error: err.Error()})
+		s.fail(w, r, op, http.StatusBadRequest, apiError{Error: err.Error()})
 		return
 	}
 	ctx, cancel := s.ctx(r)
@@ -34,42 +34,45 @@ func (s *Server) change(w http.ResponseWriter, r *http.Request, op string, e edi
 	for attempt := 0; ; attempt++ {
 		old, err := store.GetDocument(ctx, s.cli, s.keys)
 		if err != nil {
-			s.fail(w, op, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+			s.fail(w, r, op, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 			return
 		}
 		if old == nil {
-			s.fail(w, op, http.StatusNotFound, apiError{Error: "the store holds no pools file yet"})
+			s.fail(w, r, op, http.StatusNotFound, apiError{Error: "the store holds no pools file yet"})
 			return
 		}
 		if expect >= 0 && old.Revision != expect {
-			s.fail(w, op, http.StatusConflict, apiError{Error: fmt.Sprintf("the pools file is at revision %d (stored by %s), not %d as If-Match says", old.Revision, old.Change.By, expect), Revision: old.Revision})
+			s.fail(w, r, op, http.StatusConflict, apiError{Error: fmt.Sprintf("the pools file is at revision %d (stored by %s), not %d as If-Match says", old.Revision, old.Change.By, expect), Revision: old.Revision})
 			return
 		}
 		d, err := parseDoc(old.YAML)
 		if err != nil {
-			s.fail(w, op, http.StatusInternalServerError, apiError{Error: "the stored pools file: " + err.Error()})
+			s.fail(w, r, op, http.StatusInternalServerError, apiError{Error: "the stored pools file: " + err.Error()})
 			return
 		}
 		before, after, err := e(d)
 		var nf errNotFound
+		var ex errExists
 		switch {
 		case errors.As(err, &nf):
-			s.fail(w, op, http.StatusNotFound, apiError{Error: nf.what})
+			s.fail(w, r, op, http.StatusNotFound, apiError{Error: nf.what})
+			return
+		case errors.As(err, &ex):
+			s.fail(w, r, op, http.StatusConflict, apiError{Error: ex.what, Revision: old.Revision})
 			return
 		case err != nil:
-			s.fail(w, op, http.StatusBadRequest, apiError{Error: err.Error()})
+			s.fail(w, r, op, http.StatusBadRequest, apiError{Error: err.Error()})
 			return
 		}
 		data, err := d.encode()
 		if err != nil {
-			s.fail(w, op, http.StatusInternalServerError, apiError{Error: err.Error()})
+			s.fail(w, r, op, http.StatusInternalServerError, apiError{Error: err.Error()})
 			return
 		}
 		f, perr := pools.Parse("pools.yaml", data)
 		if perr != nil {
-			var list pools.ErrorList
-			errors.As(perr, &list)
-			s.fail(w, op, http.StatusBadRequest, apiError{Error: "the change breaks the pools file's rules; nothing was stored", Errors: pathErrors(data, list), Revision: old.Revision})
+			s.fail(w, r, op, http.StatusBadRequest, apiError{Error: "the change breaks the pools file's rules; nothing was stored",
+				Errors: errorStrings(perr, pathError(data)), Revision: old.Revision})
 			return
 		}
 		rev, err := store.PutDocument(ctx, s.cli, s.keys, data, old.Revision, store.Change{By: who, Op: op})
@@ -77,13 +80,17 @@ func (s *Server) change(w http.ResponseWriter, r *http.Request, op string, e edi
 		if errors.As(err, &ce) && expect < 0 && attempt < retries {
 			continue
 		}
-		if s.storeFailed(w, op, err) {
+		if s.storeFailed(w, r, op, err) {
 			return
 		}
 		s.audit(who, op, r.URL.Path, before, after, rev)
 		s.changes.WithLabelValues(op, "ok").Inc()
 		w.Header().Set("ETag", etag(rev))
-		writeJSON(w, http.StatusOK, map[string]any{"revision": rev, "before": before, "after": after, "warnings": warnings(f)})
+		code := http.StatusOK
+		if op == opBackendAdd {
+			code = http.StatusCreated
+		}
+		writeJSON(w, code, map[string]any{"revision": rev, "before": before, "after": after, "warnings": warnings(f)})
 		return
 	}
 }
@@ -125,8 +132,7 @@ func notFoundBackend(r *http.Request) error {
 }
 
 // backendDrain sets drain: true on the backend, or removes its drain.
-func (s *Server) backendDrain(drain bool) http.HandlerFunc {
-	op := map[bool]string{true: "backend_drain", false: "backend_undrain"}[drain]
+func (s *Server) backendDrain(op string, drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s.change(w, r, op, backendEdit(r, func(list *yaml.Node, i int, _ string) (string, string, error) {
 			if i < 0 {
@@ -144,62 +150,115 @@ func (s *Server) backendDrain(drain bool) http.HandlerFunc {
 	}
 }
 
-// putBackend adds the backend, or changes the fields given and keeps the others (null
-// removes a field). The body is a JSON object of the pools file's backend fields.
+// putBackend changes the fields given of a backend the service has and keeps the others
+// (null removes a field); a backend it does not have is a 404, never added (POST to the
+// service's backends adds). The body is a JSON object of the pools file's backend fields.
 func (s *Server) putBackend(w http.ResponseWriter, r *http.Request) {
-	const op = "backend_put"
-	var fields map[string]any
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
-	dec.UseNumber()
-	if err := dec.Decode(&fields); err != nil {
-		s.fail(w, op, http.StatusBadRequest, apiError{Error: "the body: want a JSON object of backend fields (address, weight, zone, hash_key, server_id, mac, drain, forwarding): " + err.Error()})
+	const op = opBackendPut
+	fields, err := backendFields(w, r)
+	if err != nil {
+		s.fail(w, r, op, http.StatusBadRequest, apiError{Error: err.Error()})
 		return
 	}
 	s.change(w, r, op, backendEdit(r, func(list *yaml.Node, i int, id string) (string, string, error) {
-		var b *yaml.Node
-		before := "none"
-		if i >= 0 {
-			b = list.Content[i]
-			before = flow(b)
-		} else {
-			b = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-			if len(list.Content) > 0 {
-				b.Style = list.Content[len(list.Content)-1].Style // as the file writes its backends
-			}
-			if _, ok := fields["address"]; !ok {
-				fields["address"] = id
-			}
+		if i < 0 {
+			return "", "", notFoundBackend(r)
 		}
-		names := make([]string, 0, len(fields))
-		for k := range fields {
-			names = append(names, k)
-		}
-		sort.Strings(names)
-		// address first when adding, as the pools file's examples write it.
-		sort.SliceStable(names, func(a, c int) bool { return names[a] == "address" && names[c] != "address" })
-		for _, k := range names {
-			v := fields[k]
-			if n, ok := v.(json.Number); ok {
-				v = jsonNumber(n)
-			}
-			node, err := fieldNode(k, v)
-			if err != nil {
-				return "", "", err
-			}
-			if node == nil {
-				unset(b, k)
-			} else {
-				set(b, k, node)
-			}
+		b := list.Content[i]
+		before := flow(b)
+		if err := setFields(b, fields); err != nil {
+			return "", "", err
 		}
 		if got := identity(b); got != id {
 			return "", "", fmt.Errorf("the backend's identity would be %q, not %q as the path names it: a backend is named by its hash_key when it has one, else by its address (remove it and add it under its new name)", got, id)
 		}
-		if i < 0 {
-			list.Content = append(list.Content, b)
-		}
 		return before, flow(b), nil
 	}))
+}
+
+// addBackend adds a backend to the service: the body is a JSON object of its fields, with
+// an address. A backend of the same identity there already is a 409.
+func (s *Server) addBackend(w http.ResponseWriter, r *http.Request) {
+	const op = opBackendAdd
+	fields, err := backendFields(w, r)
+	if err == nil {
+		if a, ok := fields["address"].(string); !ok || a == "" {
+			err = errors.New(`the backend needs an "address" (a string, host:port)`)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, op, http.StatusBadRequest, apiError{Error: err.Error()})
+		return
+	}
+	svcName := r.PathValue("service")
+	s.change(w, r, op, func(d *doc) (string, string, error) {
+		svc, err := d.service(svcName)
+		if err != nil {
+			return "", "", err
+		}
+		b := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		if err := setFields(b, fields); err != nil {
+			return "", "", err
+		}
+		id := identity(b)
+		list, i, err := backend(svc, id)
+		if err != nil {
+			return "", "", err
+		}
+		if i >= 0 {
+			return "", "", errExists{fmt.Sprintf("service %q has a backend %q already: change it with PUT /v1/services/%s/backends/%s (stickylb ctl weight, drain ...)", svcName, id, svcName, id)}
+		}
+		if len(list.Content) > 0 {
+			b.Style = list.Content[len(list.Content)-1].Style // as the file writes its backends
+		}
+		list.Content = append(list.Content, b)
+		return "none", flow(b), nil
+	})
+}
+
+// backendFields reads a request's body: one JSON object of backend fields, nothing after.
+func backendFields(w http.ResponseWriter, r *http.Request) (map[string]any, error) {
+	const want = "the body: want one JSON object of backend fields (address, weight, zone, hash_key, server_id, mac, drain, forwarding)"
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	dec.UseNumber()
+	var fields map[string]any
+	if err := dec.Decode(&fields); err != nil {
+		return nil, fmt.Errorf("%s: %w", want, err)
+	}
+	if fields == nil {
+		return nil, errors.New(want + ", not null")
+	}
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
+		return nil, errors.New(want + ": there is more after the object")
+	}
+	return fields, nil
+}
+
+// setFields sets each field of fields on the backend mapping b (null removes it), the
+// address first when b has none yet, as the pools file's examples write it.
+func setFields(b *yaml.Node, fields map[string]any) error {
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	sort.SliceStable(names, func(a, c int) bool { return names[a] == "address" && names[c] != "address" })
+	for _, k := range names {
+		v := fields[k]
+		if n, ok := v.(json.Number); ok {
+			v = jsonNumber(n)
+		}
+		node, err := fieldNode(k, v)
+		if err != nil {
+			return err
+		}
+		if node == nil {
+			unset(b, k)
+		} else {
+			set(b, k, node)
+		}
+	}
+	return nil
 }
 
 // jsonNumber is n as the fieldNode's float64, or as its text when it is not a number a
@@ -213,7 +272,7 @@ func jsonNumber(n json.Number) any {
 
 // deleteBackend removes the backend.
 func (s *Server) deleteBackend(w http.ResponseWriter, r *http.Request) {
-	s.change(w, r, "backend_delete", backendEdit(r, func(list *yaml.Node, i int, _ string) (string, string, error) {
+	s.change(w, r, opBackendDelete, backendEdit(r, func(list *yaml.Node, i int, _ string) (string, string, error) {
 		if i < 0 {
 			return "", "", notFoundBackend(r)
 		}
@@ -224,8 +283,7 @@ func (s *Server) deleteBackend(w http.ResponseWriter, r *http.Request) {
 }
 
 // zoneDrain adds the zone to the service's drained_zones, or removes it.
-func (s *Server) zoneDrain(drain bool) http.HandlerFunc {
-	op := map[bool]string{true: "zone_drain", false: "zone_undrain"}[drain]
+func (s *Server) zoneDrain(op string, drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		svcName, zone := r.PathValue("service"), r.PathValue("zone")
 		s.change(w, r, op, func(d *doc) (string, string, error) {

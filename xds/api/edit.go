@@ -23,6 +23,11 @@ type errNotFound struct{ what string }
 
 func (e errNotFound) Error() string { return e.what }
 
+// errExists is a backend added under an identity the service has already.
+type errExists struct{ what string }
+
+func (e errExists) Error() string { return e.what }
+
 // errUnsupported is a change the API cannot make by editing nodes (a node shared through
 // an alias): the operator edits the file instead.
 var errUnsupported = errors.New("this part of the pools file is written through a YAML alias or merge key: change it in the file (`stickylb pools get`, then `stickylb pools apply`)")
@@ -216,26 +221,29 @@ func fieldNode(name string, v any) (*yaml.Node, error) {
 	return nil, fmt.Errorf("%s: want a string, a number, a boolean or null", name)
 }
 
-// pathErrors names each error of a pools file that does not validate by its path in the
-// file (services[web].backends[10.0.1.1:8080].weight) rather than its line: the operator
-// of the API never saw the lines.
-func pathErrors(data []byte, list pools.ErrorList) []string {
+// pathError names an error of data (a pools file that does not validate) by its path in
+// the file (services[web].backends[10.0.1.1:8080].weight) rather than its line: the
+// operator of the API never saw the lines.
+func pathError(data []byte) func(*pools.Error) string {
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root)
-	out := make([]string, 0, len(list))
-	for _, e := range list {
+	return func(e *pools.Error) string {
 		p := pathAt(&root, e.Line, e.Col)
 		if p == "" {
-			out = append(out, e.Msg)
-			continue
+			return e.Msg
 		}
 		msg := e.Msg
+		// The message may start with the field's name ("weight: want an integer", "weight
+		// 0: want 1..10000"): the path ends with it already.
 		if last := p[strings.LastIndexAny(p, ".]")+1:]; last != "" {
-			msg = strings.TrimPrefix(msg, last+" ")
+			if m, ok := strings.CutPrefix(msg, last+": "); ok {
+				msg = m
+			} else {
+				msg = strings.TrimPrefix(msg, last+" ")
+			}
 		}
-		out = append(out, p+": "+msg)
+		return p + ": " + msg
 	}
-	return out
 }
 
 // pathAt is the path of the deepest node at line:col in the tree (services[NAME] for a

@@ -52,16 +52,26 @@ func TestEditKeepsTheFileAndNamesPaths(t *testing.T) {
 		}
 	}
 	_, perr := pools.Parse("pools.yaml", out)
-	var list2 pools.ErrorList
-	if !errors.As(perr, &list2) {
-		t.Fatalf("weight 0 validated: %v", perr)
+	if perr == nil {
+		t.Fatal("weight 0 validated")
 	}
-	got := pathErrors(out, list2)
+	got := errorStrings(perr, pathError(out))
 	if len(got) != 1 || !strings.HasPrefix(got[0], "services[web].backends[10.0.1.1:8080].weight: 0: want 1..10000") {
 		t.Fatalf("errors: %q", got)
 	}
 	if _, err := d.service("nope"); !errors.As(err, new(errNotFound)) {
 		t.Fatalf("unknown service: %v", err)
+	}
+}
+
+// An error whose message starts with the field's name does not name it twice: the path
+// ends with it.
+func TestPathErrorNamesTheFieldOnce(t *testing.T) {
+	data := []byte("services:\n  - name: web\n    protocol: http\n    listen: 0.0.0.0:80\n    backends:\n      - {address: 10.0.1.1:8080, weight: abc}\n")
+	_, perr := pools.Parse("pools.yaml", data)
+	got := errorStrings(perr, pathError(data))
+	if len(got) != 1 || got[0] != `services[web].backends[10.0.1.1:8080].weight: want an integer, got string "abc"` {
+		t.Fatalf("errors: %q", got)
 	}
 }
 

@@ -45,7 +45,7 @@ func BenchmarkAPIChangeTo100Subscribers(b *testing.B) {
 		k := i % 3
 		nodes = append(nodes, rg.node(fmt.Sprintf("n%03d", i), addrs[k], addrs[(k+1)%3], addrs[(k+2)%3]))
 	}
-	srv := httptest.NewServer(api.New(rg.cli, rg.keys, api.NewAuth(map[string]string{"bench-token-0123456789": "bench"}, false), zap.NewNop()).Handler())
+	srv := httptest.NewServer(api.New(rg.cli, rg.keys, api.NewAuth(map[string]string{"bench-token-0123456789": "bench"}, nil), zap.NewNop()).Handler())
 	defer srv.Close()
 	all := func(version string) bool {
 		for _, n := range nodes {

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -77,10 +78,18 @@ func (g *Gate) unavailable() error {
 	return status.Error(codes.Unavailable, "stickylb xds replica not serving: "+reason)
 }
 
+// gated reports whether a stream's method is xDS (ADS or a per-type discovery service of
+// envoy.service.*), which the gate admits and ends; every other stream, the gRPC health
+// service's Watch among them, passes.
+func gated(fullMethod string) bool { return strings.HasPrefix(fullMethod, "/envoy.service.") }
+
 // StreamInterceptor is the gate as a gRPC stream interceptor (install it on the server
-// that serves xDS).
+// that serves xDS). It gates the xDS streams only.
 func (g *Gate) StreamInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !gated(info.FullMethod) {
+			return handler(srv, ss)
+		}
 		g.mu.Lock()
 		open, closed := g.open, g.closed
 		g.mu.Unlock()

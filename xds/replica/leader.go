@@ -91,6 +91,8 @@ func (r *Replica) lead(ctx context.Context, e *concurrency.Election) {
 		}
 	}, r.cfg.HealthOptions...)
 	defer mon.Stop()
+	r.mon.Store(mon)
+	defer r.mon.Store(nil)
 	var file *pools.File
 	retarget := func() {
 		r.mu.Lock()
@@ -114,12 +116,18 @@ func (r *Replica) lead(ctx context.Context, e *concurrency.Election) {
 		case <-r.fileCh:
 			retarget()
 		case <-poke:
+		case <-r.markCh:
 		case <-t.C:
+		}
+		if err := r.markIfNeeded(ctx, fence); errors.Is(err, store.ErrNotLeader) {
+			r.log.Warn("marking the state's revision was refused: another replica leads now")
+			return
 		}
 		if file == nil {
 			continue
 		}
 		puts, dels := diff(file, known, mon, r.cfg.ID)
+		r.reconciled.Store(time.Now().UnixNano())
 		if len(puts) == 0 && len(dels) == 0 {
 			continue
 		}
@@ -141,14 +149,34 @@ func (r *Replica) lead(ctx context.Context, e *concurrency.Election) {
 	}
 }
 
+// markIfNeeded puts the revision key when the last write the replica read was another
+// client's delete (store.State.Unmarked), so that every replica serves one version.
+func (r *Replica) markIfNeeded(ctx context.Context, fence store.Fence) error {
+	r.mu.Lock()
+	unmarked := r.latest != nil && r.latest.Unmarked
+	r.mu.Unlock()
+	if !unmarked {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := store.MarkRevision(wctx, r.cli, r.cfg.Keys, fence, store.Change{By: r.cfg.ID, Op: "mark"})
+	if err != nil && !errors.Is(err, store.ErrNotLeader) {
+		r.log.Warn("marking the state's revision after another client's delete (retried)", zap.Error(err))
+	}
+	return err
+}
+
 // seeded are f's health-checked services as the monitor checks them, each target
-// starting from its stored verdict.
+// starting from its stored verdict when that was decided on the same probe target (a
+// backend keyed by hash_key whose address or check changed is probed anew).
 func seeded(f *pools.File, known map[store.VerdictKey]store.Verdict) []health.Service {
 	services := pools.HealthServices(f.Services)
 	for i := range services {
 		for j := range services[i].Targets {
 			t := &services[i].Targets[j]
-			if v, ok := known[store.VerdictKey{Service: services[i].Name, ID: t.ID}]; ok {
+			v, ok := known[store.VerdictKey{Service: services[i].Name, ID: t.ID}]
+			if ok && v.Stands(store.ProbeTarget(services[i].Config, t.Address)) {
 				t.Seed, t.SeedSince = v.State, v.Since
 			}
 		}
@@ -158,26 +186,27 @@ func seeded(f *pools.File, known map[store.VerdictKey]store.Verdict) []health.Se
 
 // diff is what the store must take for the verdicts to be the checkers': the verdicts
 // that changed (never one that did not), and the stored verdicts of backends no longer
-// checked.
+// checked. A stored verdict of another probe target counts as none.
 func diff(f *pools.File, known map[store.VerdictKey]store.Verdict, mon *health.Monitor, by string) (map[store.VerdictKey]store.Verdict, []store.VerdictKey) {
 	puts := map[store.VerdictKey]store.Verdict{}
 	checked := map[store.VerdictKey]bool{}
-	for _, svc := range f.Services {
-		if svc.HealthCheck == nil {
-			continue
-		}
-		for _, b := range svc.Backends {
-			k := store.VerdictKey{Service: svc.Name, ID: b.Identity()}
+	for _, svc := range pools.HealthServices(f.Services) {
+		for _, t := range svc.Targets {
+			k := store.VerdictKey{Service: svc.Name, ID: t.ID}
 			checked[k] = true
 			ts, ok := mon.Lookup(svc.Name, k.ID)
 			if !ok {
 				continue
 			}
+			target := store.ProbeTarget(svc.Config, t.Address)
 			old, stored := known[k]
+			if stored && !old.Stands(target) {
+				old, stored = store.Verdict{}, false
+			}
 			if ts.State == old.State && (stored || ts.State == health.Unknown) {
 				continue
 			}
-			puts[k] = store.Verdict{State: ts.State, Since: ts.Since, From: old.State, Reason: ts.Reason, By: by}
+			puts[k] = store.Verdict{State: ts.State, Since: ts.Since, From: old.State, Reason: ts.Reason, By: by, Target: target}
 		}
 	}
 	var dels []store.VerdictKey

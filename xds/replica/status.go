@@ -1,8 +1,11 @@
 package replica
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stickylb/stickylb/policies/health"
 	"github.com/stickylb/stickylb/policies/status"
 )
 
@@ -27,7 +30,43 @@ func (r *Replica) Status() *status.Replica {
 	if !open {
 		out.Note = "refusing xDS streams: " + reason
 	}
+	r.mu.Lock()
+	if r.badRev != 0 {
+		served := "nothing"
+		if r.fileRev != 0 {
+			served = fmt.Sprintf("the file of revision %d", r.fileRev)
+		}
+		out.Problem = fmt.Sprintf("the stored pools file (revision %d) does not parse here: %s; serving %s", r.badRev, r.badErr, served)
+	}
+	r.mu.Unlock()
 	return out
+}
+
+// probes is the status page's last check of a backend: the leader's own checker, or on
+// another replica the stored verdict's (its deciding probe, at its since-time).
+func (r *Replica) probes(service, id string) (health.TargetStatus, bool) {
+	if m := r.mon.Load(); m != nil {
+		return m.Lookup(service, id)
+	}
+	v, ok := r.served.Load().Verdict(service, id)
+	if !ok {
+		return health.TargetStatus{}, false
+	}
+	return health.TargetStatus{ID: id, State: v.State, Since: v.Since, Reason: v.Reason, LastProbe: v.Since, LastResult: v.Reason}, true
+}
+
+// ready is the admin address's /healthz (a readiness probe): the replica has the store,
+// having read the state since it last lost it. An empty store, or a stored file that does
+// not parse here, leaves it ready: every replica is alike then, and taking them all out of
+// a Service would only hold a first install's rollout until the file is applied.
+func (r *Replica) ready() (bool, string) {
+	if r.connected.Load() {
+		return true, ""
+	}
+	if open, why := r.gate.State(); !open {
+		return false, why
+	}
+	return false, "lost the store"
 }
 
 func (r *Replica) empty() bool {

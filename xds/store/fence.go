@@ -65,6 +65,25 @@ func WriteVerdicts(ctx context.Context, cli *clientv3.Client, k Keys, f Fence, p
 	return nil
 }
 
+// MarkRevision puts the revision key, fenced as WriteVerdicts: after another client's
+// delete under the state prefix (State.Unmarked), so that a replica reading the state
+// whole takes the revision a replica following it by watch has (see State).
+func MarkRevision(ctx context.Context, cli *clientv3.Client, k Keys, f Fence, c Change) error {
+	if c.At.IsZero() {
+		c.At = time.Now()
+	}
+	c.At = c.At.UTC()
+	meta, _ := json.Marshal(c)
+	r, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(f.Key), "=", f.Rev)).Then(clientv3.OpPut(k.Revision(), string(meta))).Commit()
+	if err != nil {
+		return fmt.Errorf("marking the state's revision: %w", err)
+	}
+	if !r.Succeeded {
+		return ErrNotLeader
+	}
+	return nil
+}
+
 func sortedKeys(m map[VerdictKey]Verdict) []VerdictKey {
 	out := slices.Collect(maps.Keys(m))
 	slices.SortFunc(out, func(a, b VerdictKey) int {

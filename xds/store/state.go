@@ -50,6 +50,10 @@ type Verdict struct {
 	Reason string
 	// By is the replica that wrote it.
 	By string
+	// Target is what was probed (ProbeTarget: the check and the address): a verdict
+	// stands for the backend only while the file probes it so. Empty in verdicts stored
+	// before targets were (taken as the backend's current one).
+	Target string
 }
 
 // verdictJSON is a verdict as stored.
@@ -59,11 +63,32 @@ type verdictJSON struct {
 	From   string    `json:"from,omitempty"`
 	Reason string    `json:"reason,omitempty"`
 	By     string    `json:"by,omitempty"`
+	Target string    `json:"target,omitempty"`
 }
 
 func (v Verdict) marshal() string {
-	b, _ := json.Marshal(verdictJSON{State: v.State.String(), Since: v.Since.UTC(), From: v.From.String(), Reason: v.Reason, By: v.By})
+	b, _ := json.Marshal(verdictJSON{State: v.State.String(), Since: v.Since.UTC(), From: v.From.String(), Reason: v.Reason, By: v.By, Target: v.Target})
 	return string(b)
+}
+
+// Stands reports whether v is the verdict of a backend probed as target (what
+// ProbeTarget says of it now): a backend keyed by hash_key whose address or check
+// changed is another probe target, and its old verdict says nothing of it.
+func (v Verdict) Stands(target string) bool { return v.Target == "" || v.Target == target }
+
+// ProbeTarget names what a health check of c probes at address (a health target's
+// Address): the protocol, the address with the check's port, and what makes a probe pass.
+// The thresholds and timing are not in it: a verdict stands across their changes.
+func ProbeTarget(c health.Config, address string) string {
+	c = c.WithDefaults()
+	t := string(c.Protocol) + " " + address
+	if c.Port != 0 {
+		t += fmt.Sprintf(" port %d", c.Port)
+	}
+	if c.Protocol == health.HTTP {
+		t += fmt.Sprintf(" %s host %q expect %v %v", c.Path, c.Host, c.ExpectStatus, c.ExpectRanges)
+	}
+	return t
 }
 
 func parseState(s string) (health.State, error) {
@@ -90,15 +115,28 @@ func parseVerdict(b []byte) (Verdict, error) {
 			return Verdict{}, err
 		}
 	}
-	return Verdict{State: st, Since: j.Since, From: from, Reason: j.Reason, By: j.By}, nil
+	return Verdict{State: st, Since: j.Since, From: from, Reason: j.Reason, By: j.By, Target: j.Target}, nil
 }
 
 // State is everything replicas serve, as of one revision. A State is never changed once
 // made: Apply returns a new one.
+//
+// Its Revision is the revision of the last write under the state prefix that the replica
+// has read: writes elsewhere in etcd (the election's keys, other applications) do not move
+// it, so replicas that have read the same state serve it under the same version, and a
+// node moving between them gets the version it has. A replica following by watch takes
+// it from the last event (a delete's included); one reading the state whole takes the
+// newest key's revision, which is the same because every write stickylb makes under the
+// prefix also puts the revision key. A delete made by another client (etcdctl) leaves no
+// key behind: the state is Unmarked then, and the leading replica puts the revision key
+// (MarkRevision), so every replica settles on that write's revision.
 type State struct {
-	// Revision is the revision of the last write the state reflects (deletes included): the
-	// version every replica serves it under. 0 for an empty store.
+	// Revision is the revision of the last write under the state prefix the state
+	// reflects: the version every replica serves it under. 0 for an empty store.
 	Revision int64
+	// Unmarked: the last write was a delete only (another client's): a replica reading the
+	// state whole now would take an older revision, until the revision key is put.
+	Unmarked bool
 	// Doc is the pools file; nil when none was applied yet.
 	Doc *Document
 	// Verdicts are the stored verdicts by backend.
@@ -124,8 +162,8 @@ func Load(ctx context.Context, cli *clientv3.Client, k Keys) (*State, int64, err
 	st := &State{Verdicts: map[VerdictKey]Verdict{}}
 	for _, kv := range r.Kvs {
 		st.put(k, kv)
-		// The revision key moves with every write of ours; the maximum over the others
-		// covers a key written without it.
+		// The revision key moves with every write of ours; a put of another client's
+		// moves its own key.
 		st.Revision = max(st.Revision, kv.ModRevision)
 	}
 	return st, r.Header.Revision, nil
@@ -168,16 +206,22 @@ func verdictKeyOf(k Keys, key string) (VerdictKey, bool) {
 }
 
 // Apply returns the state after events (one watch response's, in order): a new State,
-// st itself unchanged. Its revision is the last event's.
+// st itself unchanged. Its revision is the last event's (a delete's is the revision that
+// deleted).
 func (st *State) Apply(k Keys, events []*clientv3.Event) *State {
-	next := &State{Revision: st.Revision, Verdicts: maps.Clone(st.Verdicts)}
+	next := &State{Revision: st.Revision, Unmarked: st.Unmarked, Verdicts: maps.Clone(st.Verdicts)}
 	if st.Doc != nil {
 		d := *st.Doc
 		next.Doc = &d
 	}
 	for _, ev := range events {
-		next.Revision = max(next.Revision, ev.Kv.ModRevision)
+		if ev.Kv.ModRevision > next.Revision {
+			next.Revision, next.Unmarked = ev.Kv.ModRevision, true
+		}
 		if ev.Type == clientv3.EventTypePut {
+			if ev.Kv.ModRevision == next.Revision {
+				next.Unmarked = false // a key of this revision stays to show it
+			}
 			next.put(k, ev.Kv)
 			continue
 		}
@@ -260,4 +304,28 @@ func PutDocument(ctx context.Context, cli *clientv3.Client, k Keys, yaml []byte,
 		return 0, ce
 	}
 	return r.Header.Revision, nil
+}
+
+// ReplaceDocument reads the stored pools file, hands it to accept when set (which may
+// refuse the change), and stores yaml in its place with PutDocument: on revision expect,
+// or on the revision just read when expect < 0. It returns the document read (nil when
+// none) and the new revision. The caller has validated yaml.
+func ReplaceDocument(ctx context.Context, cli *clientv3.Client, k Keys, yaml []byte, expect int64, c Change, accept func(old *Document) error) (*Document, int64, error) {
+	old, err := GetDocument(ctx, cli, k)
+	if err != nil {
+		return nil, 0, err
+	}
+	if accept != nil {
+		if err := accept(old); err != nil {
+			return old, 0, err
+		}
+	}
+	if expect < 0 {
+		expect = 0
+		if old != nil {
+			expect = old.Revision
+		}
+	}
+	rev, err := PutDocument(ctx, cli, k, yaml, expect, c)
+	return old, rev, err
 }

@@ -162,6 +162,39 @@ func TestRevisionOfLoadAndWatchAgree(t *testing.T) {
 	if len(start.Verdicts) != 0 {
 		t.Fatal("Apply changed the state it was given")
 	}
+	if watched.Unmarked {
+		t.Fatal("our own writes left the state unmarked")
+	}
+	// Another client's put and delete: the watcher is at the delete, unmarked; a whole
+	// read is behind it until the revision is marked, then both agree.
+	foreign := k.Verdict(VerdictKey{"web", "etcdctl"})
+	if _, err := cli.Put(ctx, foreign, `{"state":"healthy"}`); err != nil {
+		t.Fatal(err)
+	}
+	del, err := cli.Delete(ctx, foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for watched.Revision < del.Header.Revision {
+		r := <-w
+		watched = watched.Apply(k, r.Events)
+	}
+	if !watched.Unmarked || watched.Revision != del.Header.Revision {
+		t.Fatalf("after a foreign delete: unmarked %v at %d, the delete at %d", watched.Unmarked, watched.Revision, del.Header.Revision)
+	}
+	if loaded, _, _ = Load(ctx, cli, k); loaded.Revision >= del.Header.Revision {
+		t.Fatalf("a whole read at %d, past the delete (%d): the test shows nothing", loaded.Revision, del.Header.Revision)
+	}
+	if err := MarkRevision(ctx, cli, k, f, Change{By: "r1", Op: "mark"}); err != nil {
+		t.Fatal(err)
+	}
+	for watched.Unmarked {
+		r := <-w
+		watched = watched.Apply(k, r.Events)
+	}
+	if loaded, _, _ = Load(ctx, cli, k); loaded.Revision != watched.Revision || loaded.Revision <= del.Header.Revision {
+		t.Fatalf("after the mark: loaded at %d, watched at %d, the delete at %d", loaded.Revision, watched.Revision, del.Header.Revision)
+	}
 }
 
 func clientv3WithPrefixFrom(rev int64) []clientv3.OpOption {

@@ -30,6 +30,16 @@ func main() {
 	}
 }
 
+// Raft timing: etcd's defaults, a heartbeat every 100 ms and an election after 1 s
+// without one. Measured on the 2-core test machine at load 27 (six busy loops beside other
+// builds): no spurious election in 90 s at 50/500 ms either, but a member starved for half
+// a second is not far from there, and the longer timeout costs a test at most a second
+// more to elect after a member is killed.
+const (
+	tickMs     = 100
+	electionMs = 1000
+)
+
 func run(name, dir, client, peer, cluster, state string) error {
 	cu, err := url.Parse(client)
 	if err != nil {
@@ -44,8 +54,7 @@ func run(name, dir, client, peer, cluster, state string) error {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster, cfg.ClusterState, cfg.InitialClusterToken = cluster, state, "stickylb-test"
-	// Fast elections on loopback (etcd's defaults are 100 ms and 1 s, for real networks).
-	cfg.TickMs, cfg.ElectionMs = 50, 500
+	cfg.TickMs, cfg.ElectionMs = tickMs, electionMs
 	cfg.UnsafeNoFsync = true // a test's data dies with it
 	cfg.LogLevel = "warn"
 	e, err := embed.StartEtcd(cfg)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // daySlot is the time each event of the scripted day has: the event, the quiet point
@@ -75,7 +77,10 @@ func runFleetDay(t *testing.T, rf *routedFleet, prefix string) (breakReport, []l
 		t.Fatalf("tables differ at the start: %s", saw)
 	}
 	load := rf.startLoad(vip4+":80", 40, 5*time.Second, 40*time.Second, 2, 100*time.Millisecond)
-	time.Sleep(daySlot) // the load under way
+	testwait.For(t, 10*time.Second, "the load under way: every stream open and exchanging", func() (bool, string) {
+		open, pings := load.progress()
+		return open >= 40 && pings >= 80, fmt.Sprintf("%d open, %d exchanges", open, pings)
+	})
 
 	start := time.Now()
 	events := fleetDayOf(rf, prefix)

@@ -10,7 +10,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
 
 // fleetLoad is steady traffic from the client through the fleet: long-lived connections,
@@ -26,6 +29,14 @@ type fleetLoad struct {
 	stop  chan struct{}
 	wg    sync.WaitGroup
 	live  map[*loadConn]net.Conn
+	pings int // exchanges of the long-lived connections that went through
+}
+
+// progress is how many connections are open and how many exchanges went through so far.
+func (l *fleetLoad) progress() (open, pings int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.live), l.pings
 }
 
 // loadConn is one connection of the load.
@@ -34,7 +45,8 @@ type loadConn struct {
 	local, remote netip.AddrPort
 	backend       string // the backend that answered (empty: it never answered)
 	opened, ended time.Time
-	err           error // why it broke; nil when it ended on purpose (or is open)
+	last          time.Time // its last exchange that went through
+	err           error     // why it broke; nil when it ended on purpose (or is open)
 }
 
 const (
@@ -123,6 +135,24 @@ func (l *fleetLoad) open(long bool) (*loadConn, net.Conn, *bufio.Reader) {
 	return lc, c, r
 }
 
+// waitStreams waits until every open long-lived connection has exchanged a line since
+// since (one that stalls longer breaks at loadWait, and is the broken count's), and says how
+// long that took.
+func (l *fleetLoad) waitStreams(t *testing.T, since time.Time) time.Duration {
+	t.Helper()
+	return testwait.For(t, loadWait+2*time.Second, "every stream exchanging again", func() (bool, string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		behind := 0
+		for lc := range l.live {
+			if lc.long && lc.last.Before(since) {
+				behind++
+			}
+		}
+		return behind == 0, fmt.Sprintf("%d streams without an exchange since %s", behind, since.Format("15:04:05.000"))
+	})
+}
+
 // exchange sends a line and reads it back within loadWait.
 func exchange(c net.Conn, r *bufio.Reader, msg string) error {
 	c.SetDeadline(time.Now().Add(loadWait))
@@ -166,7 +196,12 @@ func (l *fleetLoad) longWorker(minLife, maxLife time.Duration) {
 		var err error
 		for i := 0; err == nil && time.Since(lc.opened) < life && !l.stopped(); i++ {
 			time.Sleep(loadEvery) // the stream's pace
-			err = exchange(c, r, fmt.Sprintf("ping %d", i))
+			if err = exchange(c, r, fmt.Sprintf("ping %d", i)); err == nil {
+				l.mu.Lock()
+				l.pings++
+				lc.last = time.Now()
+				l.mu.Unlock()
+			}
 		}
 		l.finish(lc, c, err)
 	}

@@ -38,12 +38,14 @@ type routedFleet struct {
 	members  []string          // the backends in the pools file, in order
 	weights  map[string]int    // their weights (absent: 1)
 	drained  map[string]bool   // drained in the pools file
+	dead     map[string]bool   // backends whose server is killed
 	log      []fleetEvent      // every event, for attributing broken connections
 	extra    map[string]string // per node: a pools file of its own (instead of the fleet's)
 	extraArg map[string][]string
 	// poolsFor writes the fleet's pools file from its members, weights and drains
 	// (routedPools when nil: direct routing to the LAN's backends).
 	poolsFor func(members []string, weights map[string]int, drained map[string]bool) string
+	xds      map[string]string // per node: the control plane it takes its view from (instead of the pools file)
 }
 
 // fleetNode is one XDP node of the fleet.
@@ -99,7 +101,7 @@ func newRoutedFleet(t *testing.T, backends ...string) *routedFleet {
 		return newLAN(t, lan{prefix: "slr", hosts: hostsOrder, v4: routed4, v6: routed6})
 	})
 	rf := &routedFleet{topo: tp, bin: bin, poolsFile: poolsFile, dir: t.TempDir(), nodes: map[string]*fleetNode{},
-		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{},
+		servers: map[string]*loopback.Server{}, weights: map[string]int{}, drained: map[string]bool{}, dead: map[string]bool{}, xds: map[string]string{},
 		extra: map[string]string{}, extraArg: map[string][]string{}}
 	// The client, behind the router.
 	tp.kit.AddNS("cl")
@@ -144,6 +146,7 @@ template bgp lbnode {
 	local as 65000;
 	graceful restart on;
 	error wait time 1, 5;
+	debug { states, events }; # the graceful restart's steps, which the tests read
 }
 protocol bgp nodes4 from lbnode {
 	neighbor range 10.77.0.0/24 external;
@@ -209,10 +212,15 @@ func (rf *routedFleet) nodeArgs(lb string, graceful bool) []string {
 	if p, ok := rf.extra[lb]; ok {
 		pools = p
 	}
-	args := []string{rf.bin, "xdp", "--pools", pools, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb),
-		"--poll", "100ms", "--metrics", "127.0.0.1:9911",
-		"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-peer", routed4("rt") + "@" + strconv.Itoa(routerASN) + "," + routed6("rt") + "@" + strconv.Itoa(routerASN),
-		"--bgp-hold", routedHold.String(), "--drain-time", routedDrainTime.String(), "--bgp-community", "65001:" + routedHosts[lb]}
+	source := []string{"--pools", pools, "--poll", "100ms"}
+	if a := rf.xds[lb]; a != "" {
+		source = []string{"--xds", a, "--node-id", lb + "/xdp/eth0"}
+	}
+	args := append([]string{rf.bin, "xdp"}, source...)
+	args = append(args, "--iface", "eth0", "--mode", "native", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb),
+		"--metrics", "127.0.0.1:9911",
+		"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-peer", routed4("rt")+"@"+strconv.Itoa(routerASN)+","+routed6("rt")+"@"+strconv.Itoa(routerASN),
+		"--bgp-hold", routedHold.String(), "--drain-time", routedDrainTime.String(), "--bgp-community", "65001:"+routedHosts[lb])
 	if graceful {
 		args = append(args, "--bgp-graceful-restart")
 	}
@@ -221,6 +229,9 @@ func (rf *routedFleet) nodeArgs(lb string, graceful bool) []string {
 	}
 	return args
 }
+
+// runDir is node lb's --run-dir (its control socket and drain state).
+func (rf *routedFleet) runDir(lb string) string { return filepath.Join(rf.dir, "run-"+lb) }
 
 // startNode starts (or restarts) node lb and waits until the router routes the VIPs to it.
 func (rf *routedFleet) startNode(lb string, graceful bool) {
@@ -234,7 +245,7 @@ func (rf *routedFleet) startNode(lb string, graceful bool) {
 		rf.readyNodes(rf.bin, lb)
 		rf.mu.Lock()
 	}
-	n.graceful, n.drained = graceful, false
+	n.graceful = graceful // a drained node stays drained through a restart
 	rf.mu.Unlock()
 	proc := rf.startProc(lb, "", rf.nodeArgs(lb, graceful)...)
 	rf.mu.Lock()
@@ -317,6 +328,47 @@ func (rf *routedFleet) tablesAgree() (bool, string) {
 	return first != nil, "no routed node"
 }
 
+// tablesExpected says whether every routed node's tables hold the backends they should:
+// those in the pools file, not drained, alive (when none is, every backend: fail open),
+// with the dead ones among the down.
+func (rf *routedFleet) tablesExpected() (bool, string) {
+	rf.mu.Lock()
+	var want, dead []string
+	for _, b := range rf.members {
+		switch {
+		case rf.dead[b]:
+			dead = append(dead, b)
+		case !rf.drained[b]:
+			want = append(want, b)
+		}
+	}
+	rf.mu.Unlock()
+	slices.Sort(want)
+	slices.Sort(dead)
+	for _, lb := range rf.routed() {
+		ts, err := rf.tables(lb)
+		if err != nil {
+			return false, err.Error()
+		}
+		for svc, vt := range ts {
+			hosts := func(names []string) []string {
+				var out []string
+				for _, n := range names {
+					if h := hostOf(n); !slices.Contains(out, h) {
+						out = append(out, h)
+					}
+				}
+				slices.Sort(out)
+				return out
+			}
+			if in, down := hosts(vt.Table), hosts(vt.Down); len(want) > 0 && !slices.Equal(in, want) || !slices.Equal(down, dead) {
+				return false, fmt.Sprintf("%s's %s holds %v with %v down; want %v with %v down", lb, svc, in, down, want, dead)
+			}
+		}
+	}
+	return true, ""
+}
+
 // vipPackets is node lb's count of packets forwarded for service svc.
 func (rf *routedFleet) vipPackets(lb, svc string) uint64 {
 	st, err := l4xdp.PinnedStats(l4xdp.Config{Iface: "eth0", PinRoot: rf.pinRoot(lb)})
@@ -354,14 +406,14 @@ func (rf *routedFleet) joinNode(lb string, graceful bool) {
 // drainNode runs `stickylb xdp drain` against node lb.
 func (rf *routedFleet) drainNode(lb string) {
 	rf.record("node drain", lb, true)
-	rf.in(lb, rf.bin, "xdp", "drain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--reason", "test")
+	rf.in(lb, rf.bin, "xdp", "drain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb), "--reason", "test")
 	rf.mark(lb, func(n *fleetNode) { n.drained = true })
 }
 
 // undrainNode runs `stickylb xdp undrain` against node lb.
 func (rf *routedFleet) undrainNode(lb string) {
 	rf.record("node undrain", lb, true)
-	rf.in(lb, rf.bin, "xdp", "undrain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb))
+	rf.in(lb, rf.bin, "xdp", "undrain", "--iface", "eth0", "--pin-root", rf.pinRoot(lb), "--run-dir", rf.runDir(lb))
 	rf.mark(lb, func(n *fleetNode) { n.drained = false })
 }
 
@@ -459,6 +511,7 @@ func (rf *routedFleet) killBackend(b string) {
 	rf.record("backend kill", b, false)
 	rf.mu.Lock()
 	s := rf.servers[b]
+	rf.dead[b] = true
 	rf.mu.Unlock()
 	s.Close()
 }
@@ -469,12 +522,15 @@ func (rf *routedFleet) reviveBackend(b string) {
 	s := rf.serve(b, 80)
 	rf.mu.Lock()
 	rf.servers[b] = s
+	delete(rf.dead, b)
 	rf.mu.Unlock()
 }
 
 // waitQuiet waits until the router routes the VIPs over the nodes that should carry them
-// and every routed node holds the same tables, within d; it reports whether the tables
-// agreed, and what it saw.
+// and every routed node holds the same tables, and tables that are the rig's config (the
+// backends in the pools file, not drained, their servers alive, and the dead ones marked
+// down: every node has seen the last event's effect, not only agreed on the table before
+// it), within d; it reports whether the tables agreed, and what it saw.
 func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	t.Helper()
 	rf.waitRoutes(t, d, rf.routed()...)
@@ -483,6 +539,9 @@ func (rf *routedFleet) waitQuiet(t *testing.T, d time.Duration) (bool, string) {
 	defer rf.settled()
 	for time.Now().Before(deadline) {
 		ok, s := rf.tablesAgree()
+		if ok {
+			ok, s = rf.tablesExpected()
+		}
 		if ok {
 			return true, ""
 		}

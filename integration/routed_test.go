@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf/link"
 
 	"github.com/stickylb/stickylb/internal/testkit/testwait"
 )
@@ -52,16 +55,42 @@ func TestRoutedFleet(t *testing.T) {
 	// connections none (the shares below are the streams' alone).
 	var load *fleetLoad
 	rf.phase("a fourth node joins: streams keep their backends", func(t *testing.T) {
-		load = rf.startLoad(vip4+":80", 40, 0, 0, 0, 0)
-		time.Sleep(time.Second) // the streams under way
+		const streams = 40
+		load = rf.startLoad(vip4+":80", streams, 0, 0, 0, 0)
+		testwait.For(t, 10*time.Second, "every stream open and exchanging", func() (bool, string) {
+			open, pings := load.progress()
+			return open == streams && pings >= 2*streams, fmt.Sprintf("%d open, %d exchanges", open, pings)
+		})
 		rf.joinNode("lb4", false)
 		took := rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
-		before := rf.vipPackets("lb4", "spread")
-		time.Sleep(2 * time.Second) // the streams' share of the new node
-		moved := rf.vipPackets("lb4", "spread") - before
-		t.Logf("lb4 routed %s after its start; it then carried %d packets of streams that began before it", took.Round(time.Millisecond), moved)
-		if moved == 0 {
-			t.Fatal("no stream moved to lb4")
+		// The join share, measured: each node's share of the streams' packets (they keep one
+		// pace) over at least 10 exchanges a stream after the router took lb4 in.
+		nodes := []string{"lb1", "lb2", "lb3", "lb4"}
+		before := map[string]uint64{}
+		for _, lb := range nodes {
+			before[lb] = rf.vipPackets(lb, "spread")
+		}
+		delta := func() (map[string]uint64, uint64) {
+			d, total := map[string]uint64{}, uint64(0)
+			for _, lb := range nodes {
+				d[lb] = rf.vipPackets(lb, "spread") - before[lb]
+				total += d[lb]
+			}
+			return d, total
+		}
+		var d map[string]uint64
+		var total uint64
+		testwait.For(t, 20*time.Second, "10 exchanges a stream since the join", func() (bool, string) {
+			d, total = delta()
+			return total >= 2*10*streams, fmt.Sprintf("%d packets: %v", total, d)
+		})
+		share := float64(d["lb4"]) / float64(total)
+		t.Logf("lb4 routed %s after its start; then the streams' packets by node: %v: lb4 carries %.2f of them (about %.0f of %d streams; ECMP over 4 gives it 1/4)",
+			took.Round(time.Millisecond), d, share, share*streams, streams)
+		// Which streams the router gives lb4 is a hash of their ports: a binomial(40, 1/4),
+		// bounded at 4 sigma.
+		if sigma := math.Sqrt(0.25 * 0.75 / streams); d["lb4"] == 0 || math.Abs(share-0.25) > 4*sigma {
+			t.Fatalf("lb4's share of the streams %.2f, want 1/4 within %.2f", share, 4*sigma)
 		}
 		rf.noneBroken(t, load, "the join")
 	})
@@ -70,11 +99,20 @@ func TestRoutedFleet(t *testing.T) {
 		rf.drainNode("lb2")
 		took := rf.waitRoutes(t, routeSlack, "lb1", "lb3", "lb4")
 		t.Logf("lb2 withdrawn %s after the drain", took.Round(time.Millisecond))
-		time.Sleep(time.Second) // the streams go on through the other nodes
+		load.waitStreams(t, time.Now()) // the streams go on through the other nodes
 		rf.noneBroken(t, load, "the drain")
 		if !strings.Contains(rf.nodes["lb2"].proc.String(), `"reason":"drain"`) {
 			t.Error("lb2 logged no withdrawal for the drain")
 		}
+		// Drained, killed and started again (it adopts its pinned program): it stays drained.
+		rf.killNode("lb2")
+		rf.startNode("lb2", false)
+		up := testwait.For(t, 10*time.Second, "the restarted lb2's sessions up", func() (bool, string) {
+			log := rf.nodes["lb2"].proc.String()
+			return strings.Count(log, "BGP session up") == 2 && strings.Contains(log, "drained before the node restarted"), ""
+		})
+		rf.neverRouted(t, "lb2", time.Second)
+		t.Logf("lb2, drained, restarted: its sessions up %s after its start, not routed 1 s later", up.Round(time.Millisecond))
 		rf.undrainNode("lb2")
 		rf.waitRoutes(t, routeSlack, "lb1", "lb2", "lb3", "lb4")
 	})
@@ -96,7 +134,7 @@ func TestRoutedFleet(t *testing.T) {
 		rf.killNode("lb1")
 		took := rf.waitRoutes(t, routeSlack, "lb2", "lb3", "lb4")
 		t.Logf("lb1 withdrawn %s after SIGKILL", took.Round(time.Millisecond))
-		time.Sleep(time.Second)
+		load.waitStreams(t, time.Now())
 		rf.noneBroken(t, load, "the kill")
 		rf.joinNode("lb1", false) // adopts its pinned program and maps
 		rf.waitRoutes(t, 10*time.Second, "lb1", "lb2", "lb3", "lb4")
@@ -106,7 +144,8 @@ func TestRoutedFleet(t *testing.T) {
 		rf.pullLink("lb4")
 		took := rf.waitRoutes(t, routedHold+routeSlack, "lb1", "lb2", "lb3")
 		t.Logf("lb4 withdrawn %s after its link was pulled (hold time %s)", took.Round(time.Millisecond), routedHold)
-		time.Sleep(2 * time.Second) // the streams that were on lb4 retransmit through the others
+		again := load.waitStreams(t, time.Now()) // the streams that were on lb4 retransmit through the others
+		t.Logf("every stream exchanged again %s after lb4's withdrawal", again.Round(time.Millisecond))
 		rf.noneBroken(t, load, "the pulled link")
 		rf.restoreLink("lb4")
 		took = rf.waitRoutes(t, 5*time.Second+routeSlack, "lb1", "lb2", "lb3", "lb4")
@@ -167,12 +206,34 @@ func TestRoutedFleet(t *testing.T) {
 			}
 		}()
 		before := rf.vipPackets("lb2", "spread")
+		protos := rf.birdProtocols(routed4("lb2"), routed6("lb2"))
+		if len(protos) != 2 {
+			t.Fatalf("BIRD's sessions with lb2: %v, want 2\n%s", protos, rf.birdc("show", "protocols", "all"))
+		}
+		birdFrom := len(rf.bird.String())
+		restart := time.Now()
 		rf.restartGraceful("lb2")
 		testwait.For(t, 10*time.Second, "lb2 restarted with the Restarting bit and its session up", func() (bool, string) {
 			log := rf.nodes["lb2"].proc.String()
 			return strings.Contains(log, `"restarting":true`) && strings.Contains(log, "BGP session up"), ""
 		})
-		time.Sleep(time.Second) // past the End-of-RIB: no stale route left to flush
+		// BIRD's side: it saw each session restart gracefully (kept lb2's routes, stale) and
+		// ended the restart on lb2's End-of-RIB, not on its restart timer.
+		testwait.For(t, 10*time.Second, "BIRD ends lb2's graceful restarts on End-of-RIB", func() (bool, string) {
+			log := rf.bird.String()[birdFrom:]
+			for _, p := range protos {
+				if !strings.Contains(log, p+": Neighbor graceful restart detected") || !strings.Contains(log, p+": Neighbor graceful restart done") {
+					return false, log
+				}
+			}
+			return true, ""
+		})
+		if log := rf.bird.String()[birdFrom:]; strings.Contains(log, "graceful restart timeout") || strings.Contains(log, "grace period expired") {
+			t.Fatalf("BIRD ended a restart on its timer:\n%s", log)
+		}
+		t.Logf("BIRD: graceful restart detected and done (End-of-RIB) on %v, at most %s after the restart began", protos, time.Since(restart).Round(time.Millisecond))
+		// Past the End-of-RIB no stale route is left to flush; the sampler has looked since.
+		rf.waitRoutes(t, routeSlack, "lb1", "lb2", "lb3", "lb4")
 		close(stop)
 		if gaps := <-missed; len(gaps) > 0 {
 			t.Fatalf("the route lost lb2 during its graceful restart: %v", gaps)
@@ -221,6 +282,87 @@ func TestRoutedFleet(t *testing.T) {
 		rep := attribute(load.snapshot(), rf.log)
 		t.Logf("through join, drain, stop, kill, pulled link and graceful restart:\n%s", rep)
 	})
+
+	// After the report (no load: the flows on lb1 would meet a node that no longer forwards
+	// until the router moves them).
+	rf.phase("a node whose program is detached is withdrawn at once", func(t *testing.T) {
+		lnk, err := link.LoadPinnedLink(filepath.Join(rf.pinRoot("lb1"), "eth0", "link"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lnk.Close()
+		if err := lnk.Detach(); err != nil { // what `bpftool link detach` does
+			t.Fatal(err)
+		}
+		// Checked every second, a certain cause withdraws at the first look.
+		took := rf.waitRoutes(t, time.Second+routeSlack, "lb2", "lb3", "lb4")
+		t.Logf("lb1 withdrawn %s after its program was detached", took.Round(time.Millisecond))
+		if log := rf.nodes["lb1"].proc.String(); !strings.Contains(log, `"reason":"forwarder"`) || !strings.Contains(log, "no longer attached") {
+			t.Errorf("lb1 logged no withdrawal for the detached program")
+		}
+	})
+}
+
+// birdProtocols names BIRD's BGP sessions with the neighbours at addrs.
+func (rf *routedFleet) birdProtocols(addrs ...string) []string {
+	var names []string
+	cur := ""
+	for _, line := range strings.Split(rf.birdc("show", "protocols", "all"), "\n") {
+		if line != "" && line[0] != ' ' && line[0] != '\t' {
+			cur = strings.Fields(line)[0]
+		}
+		if a, ok := strings.CutPrefix(strings.TrimSpace(line), "Neighbor address:"); ok && slices.Contains(addrs, strings.TrimSpace(a)) {
+			names = append(names, cur)
+		}
+	}
+	return names
+}
+
+// neverRouted fails if the router routes a VIP to node lb within d (polled every 20 ms).
+func (rf *routedFleet) neverRouted(t *testing.T, lb string, d time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6); slices.Contains(r4, lb) || slices.Contains(r6, lb) {
+			t.Fatalf("%s routed: IPv4 over %v, IPv6 over %v", lb, r4, r6)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the router's table
+	}
+}
+
+// TestRoutedXDSNode: `stickylb xdp --xds ... --bgp-*`, a node fed by the control plane
+// (`stickylb xds`, here in the router's namespace), announces the VIPs of its view: the
+// router routes to it and new connections land where its table says; a VIP the control
+// plane drops from the view is withdrawn; SIGTERM withdraws it within the drain time.
+func TestRoutedXDSNode(t *testing.T) {
+	rf := newRoutedFleet(t, "b1", "b2", "b3", "b4")
+	cp := routed4("rt") + ":18100"
+	rf.startProc("rt", "serving xDS", rf.bin, "xds", "--pools", rf.poolsFile, "--listen", cp, "--poll", "100ms")
+	rf.xds["lb1"] = cp
+	rf.startNode("lb1", false)
+	took := rf.waitRoutes(t, 10*time.Second, "lb1")
+	t.Logf("lb1, fed by the control plane, routed %s after its start", took.Round(time.Millisecond))
+	testwait.For(t, 5*time.Second, "lb1 applied the view", func() (bool, string) {
+		return strings.Contains(rf.nodes["lb1"].proc.String(), "view applied"), ""
+	})
+	rf.checkPicks(t, vip4, "spread", 40)
+	rf.checkPicks(t, vip6, "spread6", 20)
+
+	full := routedPools([]string{"b1", "b2", "b3", "b4"}, nil, nil)
+	rf.writeFile(rf.poolsFile, full[:strings.Index(full, "  - name: spread6")])
+	took = testwait.Until(t, 5*time.Second, 20*time.Millisecond, "the IPv6 VIP withdrawn, the IPv4 one kept", func() (bool, string) {
+		r4, r6 := rf.routeNodes(vip4), rf.routeNodes(vip6)
+		return len(r6) == 0 && slices.Equal(r4, []string{"lb1"}), fmt.Sprintf("IPv4 over %v, IPv6 over %v", r4, r6)
+	})
+	t.Logf("the IPv6 VIP left the router %s after the control plane's pools file dropped it", took.Round(time.Millisecond))
+
+	done := make(chan struct{})
+	go func() { rf.stopNode("lb1"); close(done) }()
+	took = testwait.Until(t, routedDrainTime, 20*time.Millisecond, "lb1 withdrawn on SIGTERM", func() (bool, string) {
+		r4 := rf.routeNodes(vip4)
+		return len(r4) == 0, fmt.Sprint(r4)
+	})
+	testwait.Recv(t, done, routedDrainTime+5*time.Second, "lb1 exits after its drain time")
+	t.Logf("lb1 withdrawn %s after SIGTERM", took.Round(time.Millisecond))
 }
 
 // checkObservability: node lb exports its sessions and announcements, and its status

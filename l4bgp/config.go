@@ -25,6 +25,19 @@ const (
 	// jitter (0.75 to 1 of it) and its dial timeout (as long), a session comes up within
 	// 4 s of the peer accepting.
 	connectRetry = 2 * time.Second
+	// maxReceived is how many routes a peer may send (per family) before the node ends the
+	// session with a Cease (maximum number of prefixes reached). A node needs none: the
+	// import policy drops them, but GoBGP keeps what a peer sends in its Adj-RIB-In before
+	// the policy runs, so without a limit a router exporting its table would have the node
+	// hold all of it. 16 leaves room for the few routes a router commonly sends by
+	// default (a default route, its connected subnets) without ending the session.
+	maxReceived = 16
+	// ceasedRetry is how long the node waits before dialling a peer again whose session it
+	// ended for sending too many routes (the peer would send them again at once).
+	ceasedRetry = 30 * time.Second
+	// forgetWithdrawn is how long a VIP that left the config is still shown, withdrawn (and
+	// exported as stickylb_bgp_announced 0), after its withdrawal.
+	forgetWithdrawn = 10 * time.Minute
 	// maxASN: 4294967295 is reserved (RFC 7300), 0 too.
 	maxASN = 4294967294
 )

@@ -2,6 +2,7 @@ package l4bgp
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -24,6 +25,37 @@ type peerState struct {
 	cause string
 	// downs counts the sessions that ended.
 	downs uint64
+	// dialFailures counts the dials that failed.
+	dialFailures uint64
+	// ceased: the node ended the session because the peer sent too many routes; it dials
+	// the peer again after ceasedRetry.
+	ceased bool
+}
+
+// ceasedCause is why a session the node ended for too many routes is down.
+var ceasedCause = fmt.Sprintf("the node ended the session: the router sent more than %d routes (a node takes none; "+
+	"configure the router to send nothing): Cease, maximum number of prefixes reached; dialled again every %s",
+	maxReceived, ceasedRetry)
+
+// tooManyRoutes ends the session of the peer at addr, which sent more than maxReceived
+// routes. GoBGP has sent the Cease already, but keeps the session, and stores what the
+// peer still sends, until the peer closes it: the node deletes the peer at once, and adds it
+// again after ceasedRetry (GoBGP alone would never dial it again).
+func (s *Speaker) tooManyRoutes(addr string) {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.peers[a.Unmap()]
+	if p == nil || p.ceased || !s.running || s.stopping {
+		return
+	}
+	p.ceased = true
+	s.log.Error("the router sends routes to the node: ending the session", zap.Stringer("peer", p.peer.Addr),
+		zap.Int("limit", maxReceived), zap.Duration("dialled_again_in", ceasedRetry))
+	go s.readd(p.peer, ceasedRetry)
 }
 
 var stateNames = map[bgp.FSMState]string{
@@ -54,12 +86,15 @@ func (s *Speaker) onPeer(ev *apiutil.WatchEventMessage_PeerEvent, at time.Time) 
 		p.up, p.since = false, at
 		p.downs++
 		p.cause = disconnectCause(st)
-		s.log.Warn("BGP session down", zap.Stringer("peer", p.peer.Addr), zap.String("reason", p.cause))
-		if s.running && !s.stopping {
-			// GoBGP would idle 5 s before dialling again; a fresh peer dials at once.
-			go s.readd(p.peer)
+		if p.ceased {
+			p.cause = ceasedCause
 		}
-	case st.SessionState == bgp.BGP_FSM_IDLE && st.DisconnectReason != api.PeerState_DISCONNECT_REASON_UNSPECIFIED:
+		s.log.Warn("BGP session down", zap.Stringer("peer", p.peer.Addr), zap.String("reason", p.cause))
+		if s.running && !s.stopping && !p.ceased {
+			// GoBGP would idle 5 s before dialling again; a fresh peer dials at once.
+			go s.readd(p.peer, 0)
+		}
+	case st.SessionState == bgp.BGP_FSM_IDLE && st.DisconnectReason != api.PeerState_DISCONNECT_REASON_UNSPECIFIED && !p.ceased:
 		s.causeLocked(p, disconnectCause(st)) // an OPEN refused, a NOTIFICATION before the session was up
 	}
 }
@@ -100,28 +135,46 @@ func (s *Speaker) connectFailed(addr, errText string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.peers[a.Unmap()]; p != nil && !p.up {
+	if p := s.peers[a.Unmap()]; p != nil && !p.up && !p.ceased {
+		p.dialFailures++
 		s.causeLocked(p, "connect: "+cause)
 	}
 }
 
-// readd configures peer p afresh after its session dropped, so that it is dialled within
-// the connect retry instead of after GoBGP's idle hold.
-func (s *Speaker) readd(p Peer) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Addr.String()}); err != nil {
+// readd configures peer p afresh after its session dropped, adding it again after wait,
+// so that it is dialled within the connect retry instead of after GoBGP's idle hold.
+func (s *Speaker) readd(p Peer, wait time.Duration) {
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Addr.String()})
+	cancel()
+	if err != nil {
 		s.log.Debug("re-adding a BGP peer: delete", zap.Stringer("peer", p.Addr), zap.Error(err))
+	}
+	select {
+	case <-time.After(wait):
+	case <-s.ctx.Done():
+		return
 	}
 	s.mu.Lock()
 	stop := !s.running || s.stopping
+	if ps := s.peers[p.Addr]; ps != nil {
+		ps.ceased = false
+	}
 	s.mu.Unlock()
 	if stop {
 		return
 	}
+	ctx, cancel = context.WithTimeout(s.ctx, 5*time.Second)
+	defer cancel()
 	if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peerConf(p, false)}); err != nil {
 		s.log.Error("re-adding a BGP peer after its session dropped", zap.Stringer("peer", p.Addr), zap.Error(err))
 	}
+}
+
+func (s *Speaker) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 // upLocked counts the sessions up.
@@ -180,11 +233,16 @@ func (h *slogBridge) Handle(_ context.Context, r slog.Record) error {
 	case r.Message == "failed to connect" && key != "":
 		h.s.connectFailed(key, errText)
 		return nil
+	case r.Message == "prefix limit reached" && key != "":
+		h.s.tooManyRoutes(key) // GoBGP holds the session's lock: the peer is deleted from a goroutine
 	case r.Message == "outgoing connection IO error" && key != "":
 		// Accepted, then closed before the OPEN: a router that refuses the session for now
 		// (BIRD's error wait after a failed session, a peer not configured).
 		h.s.connectFailed(key, "the peer closed the connection before its OPEN ("+reason+")")
 		return nil
+	}
+	if r.Message == "failed to stop BGP server" && h.s.isClosing() {
+		return nil // Close's second stop, for the BFD loop (see Close)
 	}
 	switch {
 	case r.Level >= slog.LevelError:

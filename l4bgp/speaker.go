@@ -27,7 +27,8 @@ const (
 	// ReasonShutdown: the node is stopping (SIGTERM, SIGINT).
 	ReasonShutdown = "shutdown"
 	// ReasonForwarder: the node can no longer forward (program detached, interface down,
-	// maps unreadable).
+	// maps unreadable), or forwards with tables behind the config the rest of the fleet
+	// holds (an edit it failed to install, retried meanwhile).
 	ReasonForwarder = "forwarder"
 )
 
@@ -39,6 +40,10 @@ type Speaker struct {
 	cfg Config
 	log *zap.Logger
 	srv *server.BgpServer
+	// ctx ends with Close (or the context Start was given): the speaker's goroutines and
+	// GoBGP's watch end with it.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	kick chan struct{}
 
@@ -49,15 +54,22 @@ type Speaker struct {
 	drained  string
 	broken   string
 	stopping bool
+	closing  bool // Close was called
 	// vips: every VIP address seen, announced (in GoBGP's table) or not and why.
-	vips        map[netip.Addr]*vipState
+	vips map[netip.Addr]*vipState
+	// forgetAfter: how long a VIP that left the config stays in vips, withdrawn, after its
+	// withdrawal (its announced 0 stays exported for alerts to see).
+	forgetAfter time.Duration
 	peers       map[netip.Addr]*peerState
 	withdrawals map[string]uint64
 	// want counts the changes asked for, done the last one the reconciler carried out;
-	// doneCh is closed (and replaced) each time done moves.
+	// waiters holds, by change, the channel closed once done reaches it.
 	want, done uint64
-	doneCh     chan struct{}
+	waiters    map[uint64]chan struct{}
 	running    bool
+	// planned, when set (by a test), is called by reconcile once it has planned a change
+	// and let go of mu, before it hands the change to GoBGP.
+	planned func()
 }
 
 type vipState struct {
@@ -80,7 +92,7 @@ func New(cfg Config, log *zap.Logger) (*Speaker, error) {
 	}
 	s := &Speaker{cfg: cfg, log: log.Named("bgp"), kick: make(chan struct{}, 1), served: map[netip.Addr]bool{},
 		vips: map[netip.Addr]*vipState{}, peers: map[netip.Addr]*peerState{}, withdrawals: map[string]uint64{},
-		doneCh: make(chan struct{})}
+		waiters: map[uint64]chan struct{}{}, forgetAfter: forgetWithdrawn}
 	for _, p := range cfg.Peers {
 		s.peers[p.Addr] = &peerState{peer: p, state: "idle"}
 	}
@@ -92,6 +104,8 @@ func New(cfg Config, log *zap.Logger) (*Speaker, error) {
 // first UPDATE a router gets already holds them (and End-of-RIB, after a graceful restart,
 // follows them). It returns once the peers are configured; sessions come up on their own.
 func (s *Speaker) Start(ctx context.Context) error {
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.ctx = ctx
 	s.srv = server.NewBgpServer(server.LoggerOption(slog.New(&slogBridge{s: s}), nil))
 	go s.srv.Serve()
 	if err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
@@ -153,7 +167,8 @@ func (s *Speaker) peerConf(p Peer, restarting bool) *api.Peer {
 	if p.Addr.Is6() {
 		fam.Afi = api.Family_AFI_IP6
 	}
-	af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: fam, Enabled: true}}
+	af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: fam, Enabled: true},
+		PrefixLimits: &api.PrefixLimit{Family: fam, MaxPrefixes: maxReceived}}
 	hold := uint64(s.cfg.Hold / time.Second)
 	conf := &api.Peer{
 		Conf: &api.PeerConf{NeighborAddress: p.Addr.String(), PeerAsn: p.ASN, AuthPassword: s.cfg.Password},
@@ -245,33 +260,59 @@ func (s *Speaker) Shutdown() <-chan struct{} {
 	return s.changedLocked()
 }
 
-// Close ends every session and stops GoBGP. With graceful (and graceful restart
-// advertised) it leaves without a NOTIFICATION and without withdrawing: routers keep the
-// routes for the restart time while the pinned program forwards. Otherwise each session
-// ends with a Cease NOTIFICATION, on which routers drop what the node announced.
+// Close ends every session and stops GoBGP and every goroutine of the speaker. With
+// graceful (and graceful restart advertised) it leaves without a NOTIFICATION and without
+// withdrawing: routers keep the routes for the restart time while the pinned program
+// forwards. Otherwise each session ends with a Cease NOTIFICATION, on which routers drop
+// what the node announced.
 func (s *Speaker) Close(graceful bool) error {
 	s.mu.Lock()
+	again := s.closing
 	s.running = false
+	s.closing = true
 	s.mu.Unlock()
-	if s.srv == nil {
+	if s.srv == nil || again {
 		return nil
 	}
+	defer s.cancel() // the reconciler, the peers being added again, GoBGP's watch
 	graceful = graceful && s.cfg.GracefulRestart
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := s.srv.StopBgp(ctx, &api.StopBgpRequest{AllowGracefulRestart: graceful})
+	// StopBgp leaves GoBGP's BFD loop running: Stop ends it (its own StopBgp, on a server
+	// stopped already, only logs that it is, which the log bridge drops while closing).
+	s.srv.Stop()
 	s.log.Info("BGP speaker stopped", zap.Bool("graceful_restart", graceful))
-	return err
+	if err != nil {
+		return fmt.Errorf("stopping BGP: %w", err)
+	}
+	return nil
 }
 
-// changedLocked records a change of what should be announced and wakes the reconciler.
+// changedLocked records a change of what should be announced and wakes the reconciler. The
+// channel it returns is closed once a reconcile that began after this change (and so
+// carried it out) has handed GoBGP everything: not by one already under way.
 func (s *Speaker) changedLocked() <-chan struct{} {
 	s.want++
+	ch := make(chan struct{})
+	s.waiters[s.want] = ch
 	select {
 	case s.kick <- struct{}{}:
 	default:
 	}
-	return s.doneCh
+	return ch
+}
+
+// doneLocked records that every change up to gen is in GoBGP's table and wakes their
+// waiters.
+func (s *Speaker) doneLocked(gen uint64) {
+	s.done = gen
+	for g, ch := range s.waiters {
+		if g <= gen {
+			close(ch)
+			delete(s.waiters, g)
+		}
+	}
 }
 
 // loop brings GoBGP's table to what should be announced after each change, and retries
@@ -286,6 +327,7 @@ func (s *Speaker) loop(ctx context.Context) {
 		case <-s.kick:
 		case <-retry.C:
 			s.mu.Lock()
+			s.forgetLocked(time.Now())
 			behind := s.done < s.want
 			s.mu.Unlock()
 			if !behind {
@@ -294,6 +336,31 @@ func (s *Speaker) loop(ctx context.Context) {
 		}
 		s.reconcile()
 	}
+}
+
+// forgetLocked drops the VIPs that left the config and were withdrawn more than
+// forgetAfter ago: a control plane's VIP churn grows neither the status page nor the
+// metrics.
+func (s *Speaker) forgetLocked(now time.Time) {
+	for a, v := range s.vips {
+		if !v.announced && !s.served[a] && v.reason == ReasonRemoved && now.Sub(v.since) > s.forgetAfter {
+			delete(s.vips, a)
+		}
+	}
+}
+
+// offeredLocked says whether VIP a is offered to a router: in GoBGP's table, and a session
+// with a peer of its family up.
+func (s *Speaker) offeredLocked(a netip.Addr) bool {
+	if v := s.vips[a]; v == nil || !v.announced {
+		return false
+	}
+	for _, p := range s.peers {
+		if p.up && p.peer.Addr.Is4() == a.Is4() {
+			return true
+		}
+	}
+	return false
 }
 
 // verdict is what should become of one VIP address: announced, or not, for reason (a
@@ -350,7 +417,11 @@ func (s *Speaker) reconcile() {
 			del = append(del, a)
 		}
 	}
+	planned := s.planned
 	s.mu.Unlock()
+	if planned != nil {
+		planned()
+	}
 	slices.SortFunc(add, netip.Addr.Compare)
 	slices.SortFunc(del, netip.Addr.Compare)
 	addErr := s.apply(add, false)
@@ -390,9 +461,7 @@ func (s *Speaker) reconcile() {
 		s.log.Error("updating the BGP table (retried every second)", zap.Error(err))
 		return
 	}
-	s.done = gen
-	close(s.doneCh)
-	s.doneCh = make(chan struct{})
+	s.doneLocked(gen)
 }
 
 // apply adds (or withdraws) the host routes of addrs in GoBGP's table; GoBGP sends them

@@ -29,8 +29,11 @@ func (s *Speaker) Status() *status.Routing {
 	}
 	for _, a := range s.sortedVIPsLocked() {
 		v := s.vips[a]
-		r.Announced = append(r.Announced, status.Announcement{VIP: a.String(), Announced: v.announced, Since: v.since,
-			Reason: v.reason, Why: v.why})
+		an := status.Announcement{VIP: a.String(), Announced: s.offeredLocked(a), Since: v.since, Reason: v.reason, Why: v.why}
+		if v.announced && !an.Announced {
+			an.Why = "in the node's BGP table; no session with a peer of its family is up"
+		}
+		r.Announced = append(r.Announced, an)
 	}
 	return r
 }
@@ -46,7 +49,7 @@ func (s *Speaker) sortedVIPsLocked() []netip.Addr {
 
 var (
 	descPeerUp      = prometheus.NewDesc("stickylb_bgp_peer_up", "1 while the BGP session with the peer is established.", []string{"peer"}, nil)
-	descAnnounced   = prometheus.NewDesc("stickylb_bgp_announced", "1 while the node announces the VIP address to its peers, 0 once withdrawn.", []string{"vip"}, nil)
+	descAnnounced   = prometheus.NewDesc("stickylb_bgp_announced", "1 while the node offers the VIP address to a router: in its BGP table and a session with a peer of the address's family up; 0 otherwise (withdrawn, or no session up). A VIP that left the config is exported, 0, for 10 minutes after its withdrawal.", []string{"vip"}, nil)
 	descWithdrawals = prometheus.NewDesc("stickylb_bgp_withdrawals_total", "VIP addresses withdrawn, by reason (removed, drain, shutdown, forwarder).", []string{"reason"}, nil)
 )
 
@@ -68,8 +71,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range s.peers {
 		ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, b2f(p.up), p.peer.Addr.String())
 	}
-	for a, v := range s.vips {
-		ch <- prometheus.MustNewConstMetric(descAnnounced, prometheus.GaugeValue, b2f(v.announced), a.String())
+	for a := range s.vips {
+		ch <- prometheus.MustNewConstMetric(descAnnounced, prometheus.GaugeValue, b2f(s.offeredLocked(a)), a.String())
 	}
 	for _, r := range reasons {
 		ch <- prometheus.MustNewConstMetric(descWithdrawals, prometheus.CounterValue, float64(s.withdrawals[r]), r)

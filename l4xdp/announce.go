@@ -5,13 +5,11 @@ package l4xdp
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 )
 
 // ServedFunc hears the VIP addresses (no port, no protocol: what a router routes) the
@@ -23,13 +21,18 @@ import (
 // sent.
 type ServedFunc func(addrs []netip.Addr)
 
-// servedLocked tells cfg.Served the addresses of vips, the VIPs the apply keeps.
+// servedLocked tells cfg.Served the addresses of vips, the VIPs the apply keeps, but those
+// whose table is not in the map (a new VIP whose write failed: nothing forwards it).
 func (l *Loader) servedLocked(vips []VIP) {
 	if l.cfg.Served == nil {
 		return
 	}
 	addrs := make([]netip.Addr, 0, len(vips))
 	for _, v := range vips {
+		var meta lbVipMeta
+		if err := l.maps.objs.Vips.Lookup(v.key(true), &meta); err != nil || meta.Id != v.ID {
+			continue
+		}
 		addrs = append(addrs, v.Addr.Addr().Unmap())
 	}
 	l.cfg.Served(uniqueAddrs(addrs))
@@ -58,26 +61,22 @@ func uniqueAddrs(addrs []netip.Addr) []netip.Addr {
 }
 
 // Forwarding says why the program cannot forward with the loader's tables, nil while it
-// can: the interface is gone or down, the program was detached from it (its link forced
-// off, `bpftool link detach`), or its maps cannot be read.
+// can: the interface is gone, down or without carrier, the program was detached from it
+// (its link forced off, `bpftool link detach`), or its maps cannot be read. What it finds
+// for certain (all but a netlink or map read that failed, which may pass) is
+// ErrNotForwarding. Tables behind the config are not its to say: see Stale.
 func (l *Loader) Forwarding() error {
-	lk, err := netlink.LinkByIndex(l.iface.Index)
+	err := l.linkError()
+	l.noteLink(err)
 	if err != nil {
-		return fmt.Errorf("interface %s: %w", l.cfg.Iface, err)
-	}
-	attrs := lk.Attrs()
-	if attrs.Flags&net.FlagUp == 0 {
-		return fmt.Errorf("interface %s is down", l.cfg.Iface)
-	}
-	if st := attrs.OperState; st == netlink.OperDown || st == netlink.OperLowerLayerDown || st == netlink.OperNotPresent {
-		return fmt.Errorf("interface %s has no carrier (%s)", l.cfg.Iface, st)
+		return err
 	}
 	info, err := l.lnk.Info()
 	if err != nil {
 		return fmt.Errorf("reading the XDP link: %w", err)
 	}
 	if x := info.XDP(); x == nil || int(x.Ifindex) != l.iface.Index {
-		return fmt.Errorf("the XDP program is no longer attached to %s", l.cfg.Iface)
+		return notForwarding{fmt.Sprintf("the XDP program is no longer attached to %s", l.cfg.Iface)}
 	}
 	if _, err := l.ServedAddrs(); err != nil {
 		return err

@@ -34,15 +34,7 @@ func TestServedBeforeVIPsLeave(t *testing.T) {
 		return err
 	})
 	r.detachAtEnd(l)
-	two := loaderPoolsA + `  - name: b
-    protocol: tcp
-    vip: 10.9.0.2:80
-    affinity: {mode: none}
-    balance: maglev
-    backends:
-      - {address: 10.9.1.1:80, mac: "02:00:00:00:00:01"}
-`
-	r.apply(l, two)
+	r.apply(l, loaderPoolsB)
 	r.apply(l, loaderPoolsA)
 	a1, a2 := netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
 	if len(calls) != 2 || !slices.Equal(calls[0].told, []netip.Addr{a1, a2}) || !slices.Equal(calls[1].told, []netip.Addr{a1}) {

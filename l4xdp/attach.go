@@ -17,7 +17,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/stickylb/stickylb/policies/health"
 )
@@ -52,6 +54,10 @@ type Config struct {
 	Tunnel Tunnel
 	// Served, when set, hears the VIP addresses served after each apply (see ServedFunc).
 	Served ServedFunc
+	// RetryApplied, when set, is called (under the loader's lock) when the loader's retry
+	// installs a config whose Apply or ApplyView had failed for what may pass: a pools-file
+	// edit refused for now is applied after all.
+	RetryApplied func()
 }
 
 // NAT configures the translation of flows to backends reached by NAT: each such flow
@@ -118,7 +124,19 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Loader{cfg: cfg, log: log, iface: ifc, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
+	// Bound to the network namespace the loader opens in, from whichever goroutine it is
+	// used (the maintenance loop's retries among them).
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening a netlink socket: %w", err)
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			nl.Close()
+		}
+	}()
+	l := &Loader{cfg: cfg, log: log, iface: ifc, nl: nl, dir: cfg.pinDir(), slots: map[string]uint32{}, vipIDs: map[string]uint32{},
 		lastDown: map[string]bool{}, rampFrom: map[string]time.Time{}, rampBuilt: map[string]int{}}
 	l.health = health.NewMonitor(l.onTransition, cfg.HealthOptions...)
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
@@ -205,6 +223,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, fmt.Errorf("pinning the XDP link: %w", err)
 	}
 	l.lnk = lnk
+	opened = true
 	return l, nil
 }
 
@@ -240,6 +259,7 @@ func (l *Loader) Close() error {
 	l.health.Stop() // not under l.mu: a transition being handled takes it
 	l.stopMaintenance()
 	err := l.lnk.Close()
+	l.nl.Close()
 	return errors.Join(err, l.maps.Close())
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
 	"github.com/stickylb/stickylb/internal/healthlog"
@@ -21,7 +22,8 @@ type Loader struct {
 	cfg   Config
 	log   *zap.Logger
 	iface *net.Interface
-	maps  *Tables // the loaded program and its maps: what apply writes, what stats read
+	nl    *netlink.Handle // route netlink, in the namespace the loader was opened in
+	maps  *Tables         // the loaded program and its maps: what apply writes, what stats read
 	lnk   link.Link
 	dir   string
 
@@ -61,6 +63,17 @@ type Loader struct {
 	tunnel4, tunnel6 netip.Addr
 	// forwarding4, forwarding6: forwarding is on for the tunnel's FIB lookups.
 	forwarding4, forwarding6 bool
+	// failed: why the last apply or rebuild of file failed, for what may pass (nil once one
+	// succeeds); failedStale: it left the tables behind a fleet's (see Stale); retryAt,
+	// retryWait: when the maintenance loop tries again, and how long it waited last.
+	failed      error
+	failedStale bool
+	retryAt     time.Time
+	retryWait   time.Duration
+	// linkDown: Forwarding last found the interface down or without carrier; linkBack: when
+	// it found it back (zero: never down). See Stale.
+	linkDown bool
+	linkBack time.Time
 	// maintStop ends the loop that steps ramps and recounts active connections.
 	maintStop, maintDone chan struct{}
 }

@@ -142,9 +142,9 @@ func (l *Loader) planNAT(f *pools.File, served []*pools.Service) (natPlan, error
 	var addrs []netlink.Addr
 	if l.iface != nil {
 		var err error
-		addrs, err = netlink.AddrList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: l.iface.Index}}, netlink.FAMILY_ALL)
+		addrs, err = l.nl.AddrList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: l.iface.Index}}, netlink.FAMILY_ALL)
 		if err != nil {
-			return nil, fmt.Errorf("reading the addresses of %s: %w", l.cfg.Iface, err)
+			return nil, transient(fmt.Errorf("reading the addresses of %s: %w", l.cfg.Iface, err), false)
 		}
 	}
 	var subnets []netip.Prefix

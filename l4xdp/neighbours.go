@@ -15,9 +15,12 @@ import (
 )
 
 // resolveMACs returns the MAC of every backend: from the pools file, else the neighbour
-// table of the interface, read once a round for all of them, asking the kernel to resolve
-// the missing ones (a datagram each) for up to 3 s.
-func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.HardwareAddr, error) {
+// table of the interface, read once a round for all of them, else installed (the MAC the
+// backend's slot holds already: a neighbour entry the kernel flushed, on a carrier loss or
+// for a backend that stopped answering, does not stop the tables from being rebuilt around
+// it). It asks the kernel to resolve the missing ones (a datagram each, the installed ones
+// too, to refresh them) and waits up to wait for those it has no MAC for at all.
+func (l *Loader) resolveMACs(bs []*pools.Backend, installed map[*pools.Backend]net.HardwareAddr, wait time.Duration) (map[*pools.Backend]net.HardwareAddr, error) {
 	out := make(map[*pools.Backend]net.HardwareAddr, len(bs))
 	var missing []*pools.Backend
 	for _, b := range bs {
@@ -27,9 +30,9 @@ func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.Hardwa
 			missing = append(missing, b)
 		}
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for len(missing) > 0 {
-		neighs, err := netlink.NeighList(l.iface.Index, netlink.FAMILY_ALL)
+	deadline := time.Now().Add(wait)
+	for first := true; len(missing) > 0; first = false {
+		neighs, err := l.nl.NeighList(l.iface.Index, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("reading the neighbour table of %s: %w", l.cfg.Iface, err)
 		}
@@ -43,15 +46,22 @@ func (l *Loader) resolveMACs(bs []*pools.Backend) (map[*pools.Backend]net.Hardwa
 		for _, b := range missing {
 			if hw, ok := known[b.AddrPort().Addr().Unmap()]; ok {
 				out[b] = hw
-			} else {
-				still = append(still, b)
+				continue
 			}
+			if hw := installed[b]; hw != nil {
+				out[b] = hw
+				if first {
+					pokeNeighbour(b.AddrPort().Addr())
+				}
+				continue
+			}
+			still = append(still, b)
 		}
 		missing = still
 		if len(missing) == 0 {
 			break
 		}
-		if time.Now().After(deadline) {
+		if !time.Now().Before(deadline) {
 			var errs []error
 			for _, b := range missing {
 				errs = append(errs, fmt.Errorf("backend %s: no MAC in the neighbour table of %s; set mac: in the pools file or make it reachable", b.Address, l.cfg.Iface))

@@ -24,6 +24,10 @@ import (
 // Apply installs f: backends, VIPs and their Maglev tables over the backends that may take
 // new flows (alive, healthy or not yet checked, not draining). Flows already in the
 // connection table keep their backend while it stays in the pool.
+//
+// An error that may pass (a backend's MAC not resolved yet, a map write) leaves f the
+// config the loader holds to: it retries until f is installed (see Stale), and checks f's
+// backends meanwhile. Any other error refuses f, and the last good config keeps serving.
 func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -31,16 +35,37 @@ func (l *Loader) Apply(ctx context.Context, f *pools.File) error {
 	l.runCtx = ctx
 	// A checker (re)started by this apply has probed nothing yet: until its first verdicts
 	// can be in, a backend this loader had down stays down (see unhealthyLocked).
-	l.holdUntil = l.now().Add(firstVerdictHold(f))
-	if err := l.applyLocked(f); err != nil {
+	l.holdUntil = time.Time{} // no checker, no hold, and no rebuild at its end
+	if d := firstVerdictHold(f); d > 0 {
+		l.holdUntil = l.now().Add(d)
+	}
+	err := l.applyWaitLocked(f, resolveWait)
+	if ok, _ := isTransient(err); err != nil && !ok {
 		return err
 	}
 	l.file = f
+	l.settleLocked(err, false)
 	l.startMaintenanceLocked(ctx)
-	if err := l.health.Apply(ctx, pools.HealthServices(vipServices(f))); err != nil {
-		return fmt.Errorf("health checks: %w", err)
+	if herr := l.health.Apply(ctx, pools.HealthServices(vipServices(f))); herr != nil {
+		return errors.Join(err, fmt.Errorf("health checks: %w", herr))
 	}
-	return nil
+	return err
+}
+
+// resolveWait is how long an apply of a new config waits for its backends' MACs.
+const resolveWait = 3 * time.Second
+
+// rebuildLocked builds l.file's tables again (a health transition, a ramp's step, a hold's
+// end): its backends are installed, so it waits for no MAC; a failure is retried.
+func (l *Loader) rebuildLocked(why string) {
+	err := l.applyWaitLocked(l.file, 0)
+	if ok, _ := isTransient(err); err != nil && !ok {
+		err = transient(err, true) // a config that applied before: this node's own trouble
+	}
+	if err != nil {
+		l.log.Error("rebuilding tables", zap.String("after", why), zap.Error(err))
+	}
+	l.settleLocked(err, false)
 }
 
 // vipServices are the services of f the forwarder serves, by name.
@@ -55,17 +80,20 @@ func vipServices(f *pools.File) []*pools.Service {
 	return out
 }
 
-// applyLocked brings the maps to f in two steps: first everything that can fail (MACs,
+// applyWaitLocked brings the maps to f in two steps: first everything that can fail (MACs,
 // names, ids), touching no map, so a bad edit leaves the running config whole; then the
 // writes, service by service, and the removal of what left. Slots and ids survive edits and
 // restarts, so the connection table stays right.
-func (l *Loader) applyLocked(f *pools.File) error {
+//
+// It waits up to wait for MACs no backend has yet. Its errors that may pass on a retry are
+// marked (isTransient): unresolved MACs, netlink reads, map writes.
+func (l *Loader) applyWaitLocked(f *pools.File, wait time.Duration) error {
 	served := vipServices(f)
 	p, err := l.planSlotsLocked(served)
 	if err != nil {
 		return err
 	}
-	if err := l.planReachLocked(f, served, p); err != nil {
+	if err := l.planReachLocked(f, served, p, wait); err != nil {
 		return err
 	}
 	w := &applyWrites{serverIDs: map[lbServerKey]uint32{}}
@@ -75,7 +103,7 @@ func (l *Loader) applyLocked(f *pools.File) error {
 	l.servedLocked(w.vips) // before the VIPs that leave are deleted: an announcer withdraws them first
 	l.pruneLeaversLocked(p, w)
 	l.slots, l.vipIDs = p.slots, p.ids
-	return errors.Join(w.errs...)
+	return transient(errors.Join(w.errs...), true)
 }
 
 // applyPlan is what an apply decides before it writes a map: the slot of every backend and
@@ -144,11 +172,12 @@ func (l *Loader) planSlotsLocked(served []*pools.Service) (*applyPlan, error) {
 }
 
 // planReachLocked decides how each backend of p is reached, DR or NAT, and finds what that
-// needs: the MACs of DR backends (an error if one is unknown) and the next hops of NAT
-// backends. It waits (up to 3 s, under the loader's lock) only for NAT backends new to this
-// apply: a health transition or a slow-start step must not stall on a next hop already
-// asked for; the maintenance loop asks again for those.
-func (l *Loader) planReachLocked(f *pools.File, served []*pools.Service, p *applyPlan) error {
+// needs: the MACs of DR backends (waiting up to wait for those with none, not even one
+// installed; an error if one stays unknown) and the next hops of NAT backends. It waits
+// (up to 3 s, under the loader's lock) only for NAT backends new to this apply: a health
+// transition or a slow-start step must not stall on a next hop already asked for; the
+// maintenance loop asks again for those.
+func (l *Loader) planReachLocked(f *pools.File, served []*pools.Service, p *applyPlan, wait time.Duration) error {
 	natted, err := l.planNAT(f, served)
 	if err != nil {
 		return err
@@ -157,18 +186,24 @@ func (l *Loader) planReachLocked(f *pools.File, served []*pools.Service, p *appl
 		return err
 	}
 	var direct, routed []*pools.Backend
+	installed := map[*pools.Backend]net.HardwareAddr{}
 	for _, s := range served {
 		for _, pb := range p.backends[s.Name] {
 			if natted[pb.b] || s.ForwardingOf(pb.b) == pools.ForwardingTunnel {
 				routed = append(routed, pb.b)
-			} else {
-				direct = append(direct, pb.b)
+				continue
+			}
+			direct = append(direct, pb.b)
+			if slot, ok := l.slots[pb.key]; ok && slot == pb.slot {
+				if hw := l.maps.slotMAC(slot); hw != nil {
+					installed[pb.b] = hw
+				}
 			}
 		}
 	}
-	macs, err := l.resolveMACs(direct)
+	macs, err := l.resolveMACs(direct, installed, wait)
 	if err != nil {
-		return err
+		return transient(err, false)
 	}
 	known := map[string]bool{}
 	for _, b := range l.routed {
@@ -490,9 +525,7 @@ func (l *Loader) onTransition(service string, tr health.Transition) {
 	if tr.Healthy && tr.From == health.Unhealthy {
 		l.recoveredLocked(service+"/"+tr.ID, tr.At) // slow start ramps it up from then
 	}
-	if err := l.applyLocked(l.file); err != nil {
-		l.log.Error("rebuilding tables", zap.Error(err))
-	}
+	l.rebuildLocked("a health transition")
 }
 
 // stoppingLocked says whether the context of the last Apply is done: the checkers are

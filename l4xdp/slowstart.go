@@ -100,8 +100,9 @@ func (l *Loader) rampDueLocked(now time.Time) bool {
 	return false
 }
 
-// startMaintenanceLocked starts, once, the loop that steps slow-start ramps, recounts
-// active connections and sweeps ended NAT flows; it ends with ctx or Close.
+// startMaintenanceLocked starts, once, the loop that steps slow-start ramps, retries a
+// failed apply, recounts active connections and sweeps ended NAT flows; it ends with ctx
+// or Close.
 func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 	if l.maintStop != nil {
 		return
@@ -123,12 +124,15 @@ func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 			case <-tick.C:
 			}
 			l.mu.Lock()
-			if now := l.now(); !l.stoppingLocked() && (l.rampDueLocked(now) || l.holdEndedLocked(now)) {
-				if err := l.applyLocked(l.file); err != nil {
-					l.log.Error("slow start: rebuilding tables", zap.Error(err))
-				}
+			now := l.now()
+			if !l.stoppingLocked() && (l.rampDueLocked(now) || l.holdEndedLocked(now)) {
+				l.rebuildLocked("a slow-start step or the first verdicts")
 			}
+			retry := l.retryDueLocked(now)
 			l.mu.Unlock()
+			if retry {
+				l.retry()
+			}
 			if time.Since(lastCount) >= every {
 				lastCount = time.Now()
 				if err := l.maps.Recount(); err != nil {

@@ -35,7 +35,7 @@ func TestSlowStartSteps(t *testing.T) {
 		elapsed time.Duration
 		want    uint32
 	}{
-		// Each case sits 250 ms into its step (steps of 500 ms), so the time applyLocked
+		// Each case sits 250 ms into its step (steps of 500 ms), so the time applyWaitLocked
 		// takes to read the clock again cannot carry it into the next step.
 		{2*time.Second + 250*time.Millisecond, 20}, // step 4 of 20: 2 s
 		{5*time.Second + 250*time.Millisecond, 50},
@@ -46,7 +46,7 @@ func TestSlowStartSteps(t *testing.T) {
 		if !l.rampDueLocked(time.Now()) {
 			t.Fatalf("%s into the ramp: no step due", tc.elapsed)
 		}
-		if err := l.applyLocked(l.file); err != nil {
+		if err := l.applyWaitLocked(l.file, resolveWait); err != nil {
 			t.Fatal(err)
 		}
 		if w := weight(); w != tc.want {

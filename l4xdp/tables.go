@@ -305,6 +305,16 @@ func (f *Tables) slotReach(idx uint32) (nat bool, addr [16]byte, port uint16) {
 	return b.Flags&backendNAT != 0, b.Addr, b.Port
 }
 
+// slotMAC is the MAC slot idx's backend is reached at, nil when it has none (never
+// written, reached by NAT, removed).
+func (f *Tables) slotMAC(idx uint32) net.HardwareAddr {
+	var b lbBackend
+	if err := f.objs.Backends.Lookup(idx, &b); err != nil || b.Flags&backendNAT != 0 || b.Mac == [6]byte{} {
+		return nil
+	}
+	return net.HardwareAddr(b.Mac[:])
+}
+
 // slotGen is slot idx's current generation (0 for a slot never written).
 func (f *Tables) slotGen(idx uint32) uint32 {
 	var b lbBackend

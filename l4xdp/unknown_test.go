@@ -119,7 +119,7 @@ func TestOwnCheckerUnknownAfterDown(t *testing.T) {
 		defer l.mu.Unlock()
 		l.lastDown[b2] = true // as a restarted loader reads it from the pinned flags
 		l.holdUntil = l.now().Add(holdFor)
-		if err := l.applyLocked(f); err != nil {
+		if err := l.applyWaitLocked(f, resolveWait); err != nil {
 			t.Fatal(err)
 		}
 		l.file = f
@@ -180,7 +180,7 @@ func TestStoppingKeepsLastVerdicts(t *testing.T) {
 	l.lastDown[b2] = true
 	l.holdUntil = l.now().Add(time.Hour)
 	l.runCtx = ctx
-	if err := l.applyLocked(f); err != nil {
+	if err := l.applyWaitLocked(f, resolveWait); err != nil {
 		t.Fatal(err)
 	}
 	l.file = f
@@ -195,7 +195,7 @@ func TestStoppingKeepsLastVerdicts(t *testing.T) {
 	l.mu.Unlock()
 	l.onTransition("web", health.Transition{ID: "10.0.5.1:80", To: health.Healthy, From: health.Unknown, Healthy: true, At: time.Now()})
 	l.mu.Lock()
-	err = l.applyLocked(f) // a rebuild already under way when the context ended
+	err = l.applyWaitLocked(f, resolveWait) // a rebuild already under way when the context ended
 	down := l.lastDown[b2]
 	l.mu.Unlock()
 	if err != nil {

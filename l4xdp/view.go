@@ -40,7 +40,9 @@ type Verdicts func(service, id string) Verdict
 // ApplyView installs f's vip services with the control plane's verdicts instead of the
 // loader's own probes (its health checkers are stopped, and stay stopped). A view the
 // forwarder cannot hold (a table size its maps cannot take, an affinity it does not
-// implement, a backend without a MAC) is an error, and the maps keep the last view applied.
+// implement) is an error, and the maps keep the last view applied. One that fails for what
+// may pass (a backend's MAC not resolved yet) is an error too, but the loader retries it
+// until it is installed (see Stale): the control plane sent it to the whole fleet.
 func (l *Loader) ApplyView(f *pools.File, verdicts Verdicts) error {
 	if verdicts == nil {
 		return errors.New("l4xdp: ApplyView needs the verdicts")
@@ -58,14 +60,18 @@ func (l *Loader) ApplyView(f *pools.File, verdicts Verdicts) error {
 	defer l.mu.Unlock()
 	prev := l.external
 	l.external = verdicts
-	if err := l.applyLocked(f); err != nil {
+	err := l.applyWaitLocked(f, resolveWait)
+	if ok, _ := isTransient(err); err != nil && !ok {
 		l.external = prev
 		return err
 	}
+	// Applied, or to be retried (see Apply): either way the view the loader holds to.
 	l.file = f
-	// Ramps step and active counts are reconciled as with --pools; Close ends the loop.
+	l.settleLocked(err, false)
+	// Ramps step, failed applies are retried and active counts are reconciled as with
+	// --pools; Close ends the loop.
 	l.startMaintenanceLocked(context.Background())
-	return nil
+	return err
 }
 
 // externalDownLocked is unhealthyLocked for a loader fed by a control plane: the verdict
@@ -111,7 +117,7 @@ func (l *Loader) joinTimeLocked(s *pools.Service, b *pools.Backend, now time.Tim
 	return now
 }
 
-// checkView finds what the write phase of applyLocked would only find half-way (after
+// checkView finds what the write phase of applyWaitLocked would only find half-way (after
 // writing other VIPs), so a bad view touches no map.
 func checkView(f *pools.File) error {
 	var errs []error

@@ -17,7 +17,7 @@ import (
 	"github.com/stickylb/stickylb/policies/zones"
 )
 
-// newTestLoader is a loader over freshly loaded maps, attached nowhere: applyLocked builds
+// newTestLoader is a loader over freshly loaded maps, attached nowhere: applyWaitLocked builds
 // its tables from a pools file whose backends carry their MACs (no neighbour table, no
 // health checks), and BPF_PROG_RUN plays the packets.
 func newTestLoader(t *testing.T, zone string) *Loader {
@@ -39,7 +39,7 @@ func (l *Loader) applyFile(t *testing.T, src string) *pools.File {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.applyLocked(f); err != nil {
+	if err := l.applyWaitLocked(f, resolveWait); err != nil {
 		t.Fatal(err)
 	}
 	l.file = f

@@ -10,7 +10,8 @@ need=()
 # replicated control plane's end-to-end test cuts a replica off from etcd with it. etcd
 # itself needs nothing installed: the tests build its members from the Go module
 # (internal/testkit/etcdtest/member, go.etcd.io/etcd/server/v3/embed).
-# bird (BIRD 2): the router of the L4 fleet's end-to-end tests (integration/routed_*).
+# bird (BIRD 2): the router of the BGP speaker's tests (l4bgp, a process on loopback) and of the
+# L4 fleet's end-to-end tests (integration/routed_*).
 # prometheus: promtool checks and tests examples/prometheus/alerts.yaml (cmd/stickylb).
 for tool in clang:clang llvm-strip:llvm bpftool:bpftool ip:iproute2 ethtool:ethtool nft:nftables wrk:wrk ping:iputils-ping chromium:chromium bird:bird2 \
 	promtool:prometheus; do

@@ -17,6 +17,7 @@ import (
 // its routers when --bgp-asn and --bgp-peer are given; BGP is off otherwise.
 type bgpFlags struct {
 	asn, routerID, peers, passwordFile, nextHop string
+	runDir                                      string // the control socket and drain state
 	communities                                 bgpCommunities
 	hold, restartTime, drainTime                time.Duration
 	graceful                                    bool
@@ -34,6 +35,7 @@ func (b *bgpFlags) register(fs *flag.FlagSet) {
 	fs.Var(&b.communities, "bgp-community", "standard community ASN:VALUE on every route (repeat the flag for more), e.g. the node's zone")
 	fs.BoolVar(&b.graceful, "bgp-graceful-restart", false, "BGP graceful restart (RFC 4724): SIGTERM leaves without withdrawing, routers keep the routes while the pinned program forwards, the next start ends the restart")
 	fs.DurationVar(&b.restartTime, "bgp-restart-time", l4bgp.DefaultRestartTime, "with --bgp-graceful-restart, how long routers keep the routes of a node that restarts (1s..4095s)")
+	fs.StringVar(&b.runDir, "run-dir", DefaultRunDir, "with BGP, the directory of the control socket (stickylb xdp drain), its lock file and the drain state, kept across restarts; the node's user's own, writable by nobody else")
 	fs.DurationVar(&b.drainTime, "drain-time", 10*time.Second, "on SIGTERM/SIGINT with BGP, how long the node keeps forwarding after withdrawing its VIPs, so routers move flows away first")
 }
 
@@ -52,7 +54,7 @@ func (b *bgpFlags) check(fs *flag.FlagSet) error {
 	fs.Visit(func(f *flag.Flag) { b.set[f.Name] = true })
 	if !b.enabled() {
 		for name := range b.set {
-			if strings.HasPrefix(name, "bgp-") || name == "drain-time" {
+			if strings.HasPrefix(name, "bgp-") || name == "drain-time" || name == "run-dir" {
 				return flagError{name, "goes with --bgp-asn and --bgp-peer"}
 			}
 		}

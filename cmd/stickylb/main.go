@@ -10,7 +10,7 @@
 //	stickylb xds --etcd URL[,URL...] --listen ADDR [--api ADDR ...]
 //	stickylb ctl --api URL VERB ...
 //	stickylb xdp ... --bgp-asn N --bgp-peer ADDR@ASN[,...]    (announce the VIPs over BGP)
-//	stickylb xdp drain|undrain --iface IF [--pin-root DIR]
+//	stickylb xdp drain|undrain --iface IF [--pin-root DIR] [--run-dir DIR]
 package main
 
 import (

@@ -88,7 +88,12 @@ func runXDP(fl xdpFlags, stdout, stderr io.Writer) int {
 // runXDPPools forwards the services of pools file f, reloading it when it changes, until ctx
 // ends. The loader probes the backends itself.
 func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting, log *zap.Logger, stdout, stderr io.Writer) int {
-	l, err := l4xdp.Open(fl.cfg, log)
+	edits := status.NewConfigLog(fl.pools, time.Now())
+	cfg := fl.cfg
+	// An edit refused for what may pass (a MAC not resolved yet) is retried by the loader:
+	// the status page hears when it serves after all.
+	cfg.RetryApplied = func() { edits.Applied(time.Now()) }
+	l, err := l4xdp.Open(cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
@@ -102,7 +107,6 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 		fmt.Fprintf(stderr, "stickylb xdp: %v\n", err)
 		return 1
 	}
-	edits := status.NewConfigLog(fl.pools, time.Now())
 	stopMetrics, err := serveXDPMetrics(fl.metrics, l, edits, rt, nil, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "stickylb xdp: --metrics: %v\n", err)
@@ -112,7 +116,7 @@ func runXDPPools(ctx context.Context, fl xdpFlags, f *pools.File, rt *xdpRouting
 	log.Info("forwarding", zap.String("iface", fl.cfg.Iface), zap.String("mode", string(fl.cfg.Mode)), zap.String("pools", fl.pools))
 	fmt.Fprintln(stdout, "ready")
 	w := pools.Watcher{Path: fl.pools, Interval: fl.poll, Current: f, Log: log, Edits: edits,
-		Apply: newApplyRetry(ctx, l, log).apply}
+		Apply: func(f *pools.File) error { return l.Apply(ctx, f) }}
 	w.Run(ctx)
 	return 0
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -29,6 +31,7 @@ type xdpRouting struct {
 	log       *zap.Logger
 	drainTime time.Duration
 	graceful  bool
+	runDir    string
 	ctl       *controlServer
 
 	mu      sync.Mutex
@@ -52,7 +55,7 @@ func newXDPRouting(b *bgpFlags, iface string, restarting bool, log *zap.Logger) 
 	if err != nil {
 		return nil, flagError{"bgp-*", err.Error()}
 	}
-	return &xdpRouting{sp: sp, log: log, drainTime: b.drainTime, graceful: b.graceful}, nil
+	return &xdpRouting{sp: sp, log: log, drainTime: b.drainTime, graceful: b.graceful, runDir: b.runDir}, nil
 }
 
 // served is the loader's ServedFunc: it hands the VIPs to the speaker and, when one
@@ -78,13 +81,19 @@ func (r *xdpRouting) served(addrs []netip.Addr) {
 	}
 }
 
-// start announces what the loader serves (read from the pinned maps when no apply has told
-// it yet: a node restarted while its control plane is down serves those), starts the
-// speaker, the forwarding check and the control socket.
+// start opens the control socket (a node drained when it last ran starts drained),
+// announces what the loader serves (read from the pinned maps when no apply has told it
+// yet: a node restarted while its control plane is down serves those), starts the speaker
+// and the forwarding check.
 func (r *xdpRouting) start(ctx context.Context, l *l4xdp.Loader, cfg l4xdp.Config) error {
 	if r == nil {
 		return nil
 	}
+	ctl, err := listenControl(r.runDir, cfg, r.sp, r.log)
+	if err != nil {
+		return err
+	}
+	r.ctl = ctl
 	r.mu.Lock()
 	if !r.heard {
 		if addrs, err := l.ServedAddrs(); err == nil {
@@ -98,27 +107,57 @@ func (r *xdpRouting) start(ctx context.Context, l *l4xdp.Loader, cfg l4xdp.Confi
 		return err
 	}
 	go r.watchForwarding(ctx, l)
-	ctl, err := listenControl(cfg, r.sp, r.log)
-	if err != nil {
-		return err
-	}
-	r.ctl = ctl
 	return nil
 }
 
-// watchForwarding withdraws every VIP while the forwarder cannot forward, checked every
-// second.
+// watchForwarding withdraws every VIP while the forwarder cannot forward with tables that
+// are the fleet's, checked every second (see forwardingWatch).
 func (r *xdpRouting) watchForwarding(ctx context.Context, l *l4xdp.Loader) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var w forwardingWatch
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.sp.SetForwarding(l.Forwarding())
+			r.sp.SetForwarding(w.look(l.Forwarding(), l.Stale()))
 		}
 	}
+}
+
+// forwardingMisses is how many looks in a row must fail to read (netlink, a map) before the
+// node is withdrawn for it: at one look a second, 3 s.
+const forwardingMisses = 3
+
+// forwardingWatch turns each look at the loader into what the speaker is told. A cause it
+// knows for certain (the program detached, the interface down or gone: ErrNotForwarding;
+// the tables behind the config: ErrStale) withdraws at once; a read that failed withdraws
+// only once forwardingMisses looks in a row failed, so that one failed netlink read does
+// not take a node out of every router's ECMP group.
+type forwardingWatch struct {
+	misses int
+	last   error // what the speaker was told last
+}
+
+// look is what to tell the speaker after one look: fwd from Forwarding, stale from Stale.
+func (w *forwardingWatch) look(fwd, stale error) error {
+	switch {
+	case fwd == nil:
+		w.misses = 0
+		w.last = stale
+	case errors.Is(fwd, l4xdp.ErrNotForwarding):
+		w.misses = 0
+		w.last = fwd
+	default:
+		w.misses++
+		if w.misses >= forwardingMisses {
+			w.last = fmt.Errorf("%w (%d looks in a row or more)", fwd, forwardingMisses)
+		} else if w.last == nil || !errors.Is(w.last, l4xdp.ErrNotForwarding) {
+			w.last = stale // the last certain verdict stands until a look succeeds
+		}
+	}
+	return w.last
 }
 
 // lingering is the node's run context: it ends when sig does, except that with BGP the

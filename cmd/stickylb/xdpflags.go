@@ -14,7 +14,7 @@ const xdpUsage = `usage:
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI] [--tunnel-source ADDR[,ADDR]]
                [--bgp-asn N --bgp-peer ADDR@ASN[,...] [--bgp-router-id A] [--bgp-hold D] [--bgp-next-hop A]
-                [--bgp-community ASN:V]... [--bgp-password-file F] [--bgp-graceful-restart] [--drain-time D]]
+                [--bgp-community ASN:V]... [--bgp-password-file F] [--bgp-graceful-restart] [--drain-time D] [--run-dir DIR]]
                                                    announce the VIPs to routers over BGP (both modes)
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]] [--allow-loopback]
                [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI] [--tunnel-source ADDR[,ADDR]]
@@ -24,9 +24,10 @@ const xdpUsage = `usage:
   stickylb xdp tables --iface IF [--pin-root DIR]    each VIP's table: slots per backend, digest
   stickylb xdp detach --iface IF [--pin-root DIR]
   stickylb xdp pass --iface IF [--pin-root DIR]      attach an XDP_PASS program (veth peers)
-  stickylb xdp drain --iface IF [--pin-root DIR] [--reason TEXT]
+  stickylb xdp drain --iface IF [--pin-root DIR] [--run-dir DIR] [--reason TEXT]
                                                    withdraw the running node's VIPs (BGP); it forwards on
-  stickylb xdp undrain --iface IF [--pin-root DIR]   announce them again
+  stickylb xdp undrain --iface IF [--pin-root DIR] [--run-dir DIR]
+                                                   announce them again
 `
 
 // xdpFlags is `stickylb xdp`'s command line, read and checked: the subcommand, the loader's

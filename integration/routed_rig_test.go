@@ -557,10 +557,16 @@ func maglevBackend(table []string, src, dst netip.AddrPort) string {
 	return table[flowhash.Sum(src.Addr(), dst.Addr(), src.Port(), dst.Port(), 6, false)%uint32(len(table))]
 }
 
-// hostOf is the host a backend name ("spread/10.77.0.11:80") is on.
+// hostOf is the host a backend name ("spread/10.77.0.11:80", or a tunnel backend's
+// "whoami/10.78.0.11:81") is on.
 func hostOf(backend string) string {
 	for h := range routedHosts {
 		if strings.Contains(backend, "/"+routed4(h)+":") || strings.Contains(backend, "/["+routed6(h)+"]:") {
+			return h
+		}
+	}
+	for h := range tunnelHosts {
+		if strings.Contains(backend, "/"+tunnel4(h)+":") || strings.Contains(backend, "/["+tunnel6(h)+"]:") {
 			return h
 		}
 	}

@@ -9,9 +9,11 @@
 # -O2 -emit-llvm piped to llc -march=bpf, -DDEBUG -D__KERNEL__, its linux_includes), then
 # runs BenchmarkKatran (l4xdp/katran_test.go, compiled only with -tags katran), which loads
 # it with cilium/ebpf, fills its maps as Katran's tester does (one TCP VIP, three reals, its
-# ring, its default MAC; an LRU per CPU), and times both programs on four paths:
-# established, new flow (every SYN a new 5-tuple, inserted), SYNs above the insert cap, and
-# a packet for no VIP (XDP_PASS); per call (repeat=1, as Katran's perf tester) and in a
+# ring, its default MAC; an LRU per CPU), and times both programs on five paths:
+# established, new flow (every SYN a new 5-tuple, inserted), SYNs above the insert cap, a
+# packet for no VIP (XDP_PASS), and tunnel (an established flow of a second VIP: Katran's
+# IPIP beside our GUE of a forwarding: tunnel VIP with second chance, whose goal is at most
+# 1.3x our DR established packet); per call (repeat=1, as Katran's perf tester) and in a
 # tight loop (repeat=N behind a wrapper that writes the frame back and tail-calls the
 # program under test). Each arm's verdict and output frame are checked before it is timed
 # and its counters after, so the timed path is the real one. Rounds interleave the arms;
@@ -82,13 +84,16 @@ awk '
 		fl = med("loop", "floor", "floor-direct"); fc = med("call", "floor", "floor")
 		printf "\n%-12s | %28s | %40s\n", "", "per call (repeat=1)", "tight loop, net of the wrapper"
 		printf "%-12s | %8s %8s %10s | %8s %8s %10s %11s\n", "path", "stickylb", "katran", "ratio", "stickylb", "katran", "ratio", "(raw ratio)"
-		split("established new-flow over-cap pass", paths, " ")
-		for (x = 1; x <= 4; x++) {
+		split("established new-flow over-cap pass tunnel", paths, " ")
+		for (x = 1; x <= 5; x++) {
 			p = paths[x]; w = p == "new-flow" ? wrn : wr
 			cs = med("call", p, "stickylb"); ck = med("call", p, "katran")
 			ls = med("loop", p, "stickylb"); lk = med("loop", p, "katran")
 			printf "%-12s | %8.1f %8.1f %9.2fx | %8.1f %8.1f %9.2fx %10.2fx\n", p, cs, ck, cs / ck, ls - w, lk - w, (ls - w) / (lk - w), ls / lk
 		}
+		ct = med("call", "tunnel", "stickylb"); cd = med("call", "established", "stickylb")
+		lt = med("loop", "tunnel", "stickylb"); ld = med("loop", "established", "stickylb")
+		printf "\nthe stickylb tunnel (GUE, second chance) against stickylb DR, established: per call %.2fx; in the loop %.2fx net of the wrapper (goal at most 1.3x), %.2fx raw\n", ct / cd, (lt - wr) / (ld - wr), lt / ld
 		de = med("loop", "established", "stickylb-direct"); dov = med("loop", "over-cap", "stickylb-direct")
 		printf "\nfloor (swap MACs, XDP_TX): per call %.1f ns; in the loop %.1f ns run directly\n", fc, fl
 		printf "the wrapper (write the frame back, tail call; a program that returns XDP_TX): %.1f ns, %.1f ns writing a new 5-tuple too\n", wr, wrn

@@ -12,6 +12,16 @@
 #     backend's reply -> client) beside an established DR flow and the floor, in one run; and
 #     the floor plus one bpf_fib_lookup, the share of NAT's cost that is the kernel's FIB; and a
 #     new NAT flow (its SYN claims a port and writes both entries).
+#   Tunnel through BPF_PROG_RUN (BenchmarkProgRunTunnel), ns/packet: a packet of an
+#     established flow encapsulated in GUE (next hop and MTU from the FIB's answer of the last
+#     second) beside an established DR flow, the floor, and the floor of encapsulation (a
+#     program that only makes room for the outer headers and writes them from a template with
+#     the packet's lengths and checksum); and a packet of a flow that moved to this node (not
+#     remembered: the second-chance table at every packet). Goal: tunnel at most 1.3x DR.
+#   The backend agent through BPF_PROG_RUN (BenchmarkAgent, ./l4xdp/agent), ns/packet: its
+#     decapsulation beside a bare TC program that only strips the outer headers and one that
+#     passes everything; and its second-chance hop (the socket lookup, the rewrite, the
+#     redirect). Goal: the agent's decap at most 2x the bare decap.
 #   Live frames, packets/s at the backends: one generator feeds our forwarder and nftables
 #     netdev `fwd` doing the same DR rewrite; a figure comes only from a run in which no drop
 #     counter moved (the benchmark fails otherwise). The floor arm runs the same pipeline with
@@ -37,6 +47,8 @@ frames=${FRAMES:-2000000}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 go test -count=1 -run '^$' -bench 'BenchmarkProgRun' -benchtime 2000000x -count "$count" ./l4xdp | tee "$out"
+noskip "$out"
+go test -count=1 -run '^$' -bench 'BenchmarkAgent' -benchtime 2000000x -count "$count" ./l4xdp/agent | tee -a "$out"
 noskip "$out"
 go test -count=1 -run '^$' -bench 'BenchmarkLive(Frames|NAT)$' -benchtime "${frames}x" -count "$count" ./l4xdp | tee -a "$out"
 noskip "$out"
@@ -71,6 +83,15 @@ lnfloor=$(median 'BenchmarkLiveNAT/arm=floor' ns/packet)
 lndr=$(median 'BenchmarkLiveNAT/arm=stickylb-dr' ns/packet)
 lnnat=$(median 'BenchmarkLiveNAT/arm=stickylb-nat' ns/packet)
 lnnft=$(median 'BenchmarkLiveNAT/arm=nftables-nat' ns/packet)
+tfloor=$(median 'BenchmarkProgRunTunnel/path=floor' ns/packet)
+tenc=$(median 'BenchmarkProgRunTunnel/path=encap-floor' ns/packet)
+tdr=$(median 'BenchmarkProgRunTunnel/path=dr-established' ns/packet)
+test=$(median 'BenchmarkProgRunTunnel/path=tunnel-established' ns/packet)
+tmov=$(median 'BenchmarkProgRunTunnel/path=tunnel-moved-flow' ns/packet)
+abare=$(median 'BenchmarkAgent/path=bare' ns/packet)
+adecap=$(median 'BenchmarkAgent/path=bare-decap' ns/packet)
+aagent=$(median 'BenchmarkAgent/path=agent-decap' ns/packet)
+asc=$(median 'BenchmarkAgent/path=agent-second-chance' ns/packet)
 echo
 echo "medians of $count runs"
 awk -v am="$amag" -v aw="$awrr" -v al="$awlc" -v al2="$awlc2" -v f="$floor" -v e="$est" -v n="$new" -v c="$over" -v o="$ours" -v t="$nft" -v lf="$lfloor" -v lo="$lours" -v ln="$lnft" 'BEGIN {
@@ -85,4 +106,10 @@ awk -v f="$nfloor" -v fl="$nfib" -v d="$ndr" -v e="$nest" -v r="$nrep" -v nw="$n
 	printf "                   one bpf_fib_lookup costs %.0f ns (floor + lookup %.0f): NAT keeps each answer a second per backend and per flow, so a packet of an established flow does not pay it\n", fl - f, fl
 	printf "NAT, live frames   per packet: floor %.0f ns, stickylb DR %.0f, stickylb NAT %.0f, nftables DNAT+SNAT %.0f: stickylb NAT %.2fx faster than nftables\n", lf, ld, ln, lt, lt / ln
 	printf "                   over the floor: DR %.0f ns, NAT %.0f (%.2fx DR), nftables %.0f (%.1fx stickylb NAT)\n", ld - lf, ln - lf, (ln - lf) / (ld - lf), lt - lf, (lt - lf) / (ln - lf)
+}'
+awk -v f="$tfloor" -v ef="$tenc" -v d="$tdr" -v t="$test" -v m="$tmov" -v ab="$abare" -v ad="$adecap" -v ag="$aagent" -v sc="$asc" 'BEGIN {
+	printf "tunnel, BPF_PROG_RUN  floor %.0f ns/packet, encapsulation floor %.0f, DR established %.0f, tunnel established %.0f (%.2fx DR; goal at most 1.3x; %.2fx the encapsulation floor), a moved flow %.0f\n", f, ef, d, t, t / d, t / ef, m
+	printf "                      over the floor: DR %.0f ns, tunnel %.0f (%.2fx DR), encapsulation floor %.0f\n", d - f, t - f, (t - f) / (d - f), ef - f
+	printf "agent, BPF_PROG_RUN   pass-all %.0f ns/packet, bare decap %.0f, agent decap %.0f (%.2fx the bare decap; goal at most 2x), second-chance hop %.0f\n", ab, ad, ag, ag / ad, sc
+	printf "                      over pass-all: bare decap %.0f ns, agent decap %.0f (%.2fx)\n", ad - ab, ag - ab, (ag - ab) / (ad - ab)
 }'

@@ -1,6 +1,7 @@
 package docs
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -121,6 +122,12 @@ var fileLike = regexp.MustCompile(`^(\./)?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?$`
 func namesFile(w string) bool {
 	if !fileLike.MatchString(w) || w == "." || w == "./..." || strings.HasPrefix(w, "-") {
 		return false
+	}
+	if _, err := netip.ParsePrefix(w); err == nil {
+		return false // an address prefix (10.0.0.0/24), not a path
+	}
+	if _, err := netip.ParseAddr(w); err == nil {
+		return false // an address (10.0.0.1), not a file with an extension
 	}
 	base := filepath.Base(w)
 	return strings.Contains(strings.TrimSuffix(w, "/"), "/") || strings.Contains(base, ".") && !strings.HasPrefix(base, ".")

@@ -120,6 +120,10 @@ func encodeCluster(s *pools.Service) *clusterv3.Cluster {
 	if s.Forwarding != "" {
 		f["forwarding"] = structpb.NewStringValue(string(s.Forwarding))
 	}
+	if s.Forwarding == pools.ForwardingTunnel {
+		f["tunnel_port"] = structpb.NewNumberValue(float64(s.TunnelPort))
+		f["second_chance"] = structpb.NewBoolValue(s.SecondChance)
+	}
 	if s.Affinity.QUICCID != nil {
 		f["cid_length"] = structpb.NewNumberValue(float64(s.Affinity.QUICCID.CIDLength))
 	}
@@ -492,7 +496,7 @@ func (f *fields) forwarding() pools.Forwarding {
 	}
 	v := pools.Forwarding(f.str("forwarding", true))
 	if f.err == nil && !v.Known() {
-		f.fail("forwarding %q: want auto, dr or nat", v)
+		f.fail("forwarding %q: want auto, dr, nat or tunnel", v)
 		return ""
 	}
 	return v
@@ -536,6 +540,10 @@ func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
 	// Absent: a control plane older than the field, whose nodes forwarded by DR where they
 	// could, which auto still does.
 	s.Forwarding = f.forwarding()
+	if s.Forwarding == pools.ForwardingTunnel {
+		s.TunnelPort = uint16(f.uint("tunnel_port", true, math.MaxUint16))
+		s.SecondChance = f.boolean("second_chance")
+	}
 	// Table sizes are checked against the forwarder's maps by the loader; here only that
 	// the number is one.
 	s.Hash.TableSize = f.uint("table_size", true, math.MaxUint32)
@@ -562,6 +570,9 @@ func decodeCluster(c *clusterv3.Cluster) (*pools.Service, error) {
 	}
 	if s.Hash.TableSize == 0 {
 		return nil, errors.New("table_size 0")
+	}
+	if s.Forwarding == pools.ForwardingTunnel && s.TunnelPort == 0 {
+		return nil, errors.New("tunnel_port 0")
 	}
 	if s.Affinity.Mode == pools.ModeQUICCID {
 		if cid < pools.MinCIDLength {

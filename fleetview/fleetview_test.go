@@ -55,6 +55,15 @@ const file = `services:
     backends:
       - {address: 10.0.6.1:8443, server_id: 1}
       - {address: 10.0.6.2:8443, server_id: 2}
+  - name: far
+    protocol: tcp
+    vip: 10.0.0.102:443
+    forwarding: tunnel
+    tunnel_port: 7000
+    second_chance: false
+    backends:
+      - {address: 10.8.0.1:443}
+      - {address: 10.8.0.2:443, drain: true}
   - name: api
     protocol: http
     listen: 0.0.0.0:8080
@@ -91,8 +100,8 @@ func TestRoundTrip(t *testing.T) {
 		}
 		return Verdict{}
 	})
-	if len(cs) != 3 || len(ls) != 3 {
-		t.Fatalf("%d clusters and %d assignments, want 3 each (api has no vip)", len(cs), len(ls))
+	if len(cs) != 4 || len(ls) != 4 {
+		t.Fatalf("%d clusters and %d assignments, want 4 each (api has no vip)", len(cs), len(ls))
 	}
 	var all []proto.Message
 	for i := range cs {
@@ -108,7 +117,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v.File.Services) != 3 {
+	if len(v.File.Services) != 4 {
 		t.Fatalf("%d services decoded", len(v.File.Services))
 	}
 	// The file holds every resolved forwarding, so the comparison below covers each.
@@ -118,8 +127,8 @@ func TestRoundTrip(t *testing.T) {
 			modes[s.ForwardingOf(b)]++
 		}
 	}
-	if len(modes) != 3 {
-		t.Fatalf("the file resolves forwarding to %v, want auto, dr and nat", modes)
+	if len(modes) != 4 {
+		t.Fatalf("the file resolves forwarding to %v, want auto, dr, nat and tunnel", modes)
 	}
 	for _, got := range v.File.Services {
 		want := f.Service(got.Name)
@@ -130,8 +139,9 @@ func TestRoundTrip(t *testing.T) {
 		if got.CrossZone != want.CrossZone || !slices.Equal(got.DrainedZones, want.DrainedZones) {
 			t.Errorf("service %s: cross_zone %v drained_zones %v, want %v %v", got.Name, got.CrossZone, got.DrainedZones, want.CrossZone, want.DrainedZones)
 		}
-		if got.Forwarding != want.Forwarding {
-			t.Errorf("service %s: forwarding %q, want %q", got.Name, got.Forwarding, want.Forwarding)
+		if got.Forwarding != want.Forwarding || got.TunnelPort != want.TunnelPort || got.SecondChance != want.SecondChance {
+			t.Errorf("service %s: forwarding %q (tunnel_port %d, second_chance %v), want %q (%d, %v)", got.Name, got.Forwarding,
+				got.TunnelPort, got.SecondChance, want.Forwarding, want.TunnelPort, want.SecondChance)
 		}
 		if (got.SlowStart == nil) != (want.SlowStart == nil) || got.SlowStart != nil && *got.SlowStart != *want.SlowStart {
 			t.Errorf("service %s: slow_start %+v, want %+v", got.Name, got.SlowStart, want.SlowStart)
@@ -208,13 +218,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"bad health_from", `health_from "dizzy"`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["health_from"] = structpb.NewStringValue("dizzy")
 		}},
-		{"unknown forwarding", `forwarding "snat": want auto, dr or nat`, func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
+		{"unknown forwarding", `forwarding "snat": want auto, dr, nat or tunnel`, func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
 			c.Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewStringValue("snat")
 		}},
 		{"forwarding not a string", "forwarding: not a string", func(c *clusterv3.Cluster, _ *endpointv3.ClusterLoadAssignment) {
 			c.Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewBoolValue(true)
 		}},
-		{"unknown backend forwarding", `endpoint 0: forwarding "": want auto, dr or nat`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
+		{"unknown backend forwarding", `endpoint 0: forwarding "": want auto, dr, nat or tunnel`, func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
 			l.Endpoints[0].LbEndpoints[0].Metadata.FilterMetadata[MetadataKey].Fields["forwarding"] = structpb.NewStringValue("")
 		}},
 		{"weight over the pools file's", "weight 10001 out of range 1..10000", func(_ *clusterv3.Cluster, l *endpointv3.ClusterLoadAssignment) {
@@ -263,7 +273,7 @@ func TestAssembler(t *testing.T) {
 	if err := a.Endpoints("1", l); err != nil || len(applied) != 0 {
 		t.Fatalf("endpoints first: %v, %d applied", err, len(applied))
 	}
-	if err := a.Clusters("1", c); err != nil || len(applied) != 1 || len(applied[0].File.Services) != 3 {
+	if err := a.Clusters("1", c); err != nil || len(applied) != 1 || len(applied[0].File.Services) != 4 {
 		t.Fatalf("then clusters: %v, %d applied", err, len(applied))
 	}
 	refuse = true
@@ -273,7 +283,7 @@ func TestAssembler(t *testing.T) {
 		t.Fatal("a refused view was accepted")
 	}
 	refuse = false
-	if err := a.Endpoints("3", l); err != nil || len(applied) != 2 || len(applied[1].File.Services) != 3 {
+	if err := a.Endpoints("3", l); err != nil || len(applied) != 2 || len(applied[1].File.Services) != 4 {
 		t.Fatalf("after a refusal the last accepted clusters stay: %v, %d applied", err, len(applied))
 	}
 }

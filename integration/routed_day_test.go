@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,39 +14,40 @@ import (
 // (routes and tables settled), and the rest of the slot under load.
 const daySlot = 6 * time.Second
 
-// fleetDay is the scripted day: 31 events, LB-node changes between backend changes, so
-// that connections live through both.
-func fleetDay(rf *routedFleet) []func() {
+// fleetDayOf is the scripted day over the backends named prefix1..prefix5: 31 events,
+// LB-node changes between backend changes, so that connections live through both.
+func fleetDayOf(rf *routedFleet, prefix string) []func() {
+	b := func(i int) string { return prefix + strconv.Itoa(i) }
 	return []func(){
-		func() { rf.addBackend("b5") },
+		func() { rf.addBackend(b(5)) },
 		func() { rf.joinNode("lb4", true) }, // lb4 restarts gracefully later on
-		func() { rf.setWeight("b1", 2) },
+		func() { rf.setWeight(b(1), 2) },
 		func() { rf.drainNode("lb2") },
-		func() { rf.drainBackend("b3", true) },
+		func() { rf.drainBackend(b(3), true) },
 		func() { rf.undrainNode("lb2") },
-		func() { rf.killBackend("b2") },
+		func() { rf.killBackend(b(2)) },
 		func() { rf.killNode("lb1") },
-		func() { rf.reviveBackend("b2") },
+		func() { rf.reviveBackend(b(2)) },
 		func() { rf.joinNode("lb1", false) },
-		func() { rf.drainBackend("b3", false) },
+		func() { rf.drainBackend(b(3), false) },
 		func() { rf.pullLink("lb3") },
-		func() { rf.removeBackend("b4") },
+		func() { rf.removeBackend(b(4)) },
 		func() { rf.restoreLink("lb3") },
 		func() { rf.restartGraceful("lb4") },
-		func() { rf.setWeight("b1", 1) },
+		func() { rf.setWeight(b(1), 1) },
 		func() { rf.stopNode("lb2") },
-		func() { rf.addBackend("b4") },
+		func() { rf.addBackend(b(4)) },
 		func() { rf.joinNode("lb2", false) },
-		func() { rf.drainBackend("b5", true) },
+		func() { rf.drainBackend(b(5), true) },
 		func() { rf.drainNode("lb1") },
-		func() { rf.killBackend("b1") },
+		func() { rf.killBackend(b(1)) },
 		func() { rf.undrainNode("lb1") },
-		func() { rf.reviveBackend("b1") },
+		func() { rf.reviveBackend(b(1)) },
 		func() { rf.killNode("lb3") },
-		func() { rf.removeBackend("b5") },
+		func() { rf.removeBackend(b(5)) },
 		func() { rf.joinNode("lb3", false) },
 		func() { rf.restartGraceful("lb4") },
-		func() { rf.setWeight("b2", 3) },
+		func() { rf.setWeight(b(2), 3) },
 		func() { rf.pullLink("lb2") },
 		func() { rf.restoreLink("lb2") },
 	}
@@ -60,7 +62,13 @@ func fleetDay(rf *routedFleet) []func() {
 // forwarding to the flow's first node must take to zero. Skipped under -short, as every
 // end-to-end test in namespaces.
 func TestRoutedFleetDay(t *testing.T) {
-	rf := newRoutedFleet(t, "b1", "b2", "b3", "b4")
+	runFleetDay(t, newRoutedFleet(t, "b1", "b2", "b3", "b4"), "b")
+}
+
+// runFleetDay runs the scripted day on rf, whose backends are named prefix1..prefix5 (1 to
+// 4 in its pools file), and returns its report and the connections that broke. It fails t
+// when the tables differed at a quiet point, or when one event alone broke a connection.
+func runFleetDay(t *testing.T, rf *routedFleet, prefix string) (breakReport, []loadConn) {
 	for _, lb := range []string{"lb1", "lb2", "lb3"} {
 		rf.startNode(lb, false)
 	}
@@ -75,7 +83,7 @@ func TestRoutedFleetDay(t *testing.T) {
 	})
 
 	start := time.Now()
-	events := fleetDay(rf)
+	events := fleetDayOf(rf, prefix)
 	var disagreed []string
 	for i, ev := range events {
 		slot := time.Now()
@@ -111,6 +119,7 @@ func TestRoutedFleetDay(t *testing.T) {
 		}
 		t.Errorf("%d connections broke by one event alone:\n%s", n, strings.Join(detail, "\n"))
 	}
+	return rep, load.broken()
 }
 
 func sum(m map[string]int) int {

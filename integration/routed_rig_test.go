@@ -42,6 +42,9 @@ type routedFleet struct {
 	log      []fleetEvent      // every event, for attributing broken connections
 	extra    map[string]string // per node: a pools file of its own (instead of the fleet's)
 	extraArg map[string][]string
+	// poolsFor writes the fleet's pools file from its members, weights and drains
+	// (routedPools when nil: direct routing to the LAN's backends).
+	poolsFor func(members []string, weights map[string]int, drained map[string]bool) string
 	xds      map[string]string // per node: the control plane it takes its view from (instead of the pools file)
 }
 
@@ -178,7 +181,11 @@ func (rf *routedFleet) birdc(args ...string) string {
 func (rf *routedFleet) writePools() {
 	rf.mu.Lock()
 	defer rf.mu.Unlock()
-	rf.writeFile(rf.poolsFile, routedPools(rf.members, rf.weights, rf.drained))
+	pools := routedPools
+	if rf.poolsFor != nil {
+		pools = rf.poolsFor
+	}
+	rf.writeFile(rf.poolsFile, pools(rf.members, rf.weights, rf.drained))
 }
 
 func routedPools(members []string, weights map[string]int, drained map[string]bool) string {
@@ -550,10 +557,16 @@ func maglevBackend(table []string, src, dst netip.AddrPort) string {
 	return table[flowhash.Sum(src.Addr(), dst.Addr(), src.Port(), dst.Port(), 6, false)%uint32(len(table))]
 }
 
-// hostOf is the host a backend name ("spread/10.77.0.11:80") is on.
+// hostOf is the host a backend name ("spread/10.77.0.11:80", or a tunnel backend's
+// "whoami/10.78.0.11:81") is on.
 func hostOf(backend string) string {
 	for h := range routedHosts {
 		if strings.Contains(backend, "/"+routed4(h)+":") || strings.Contains(backend, "/["+routed6(h)+"]:") {
+			return h
+		}
+	}
+	for h := range tunnelHosts {
+		if strings.Contains(backend, "/"+tunnel4(h)+":") || strings.Contains(backend, "/["+tunnel6(h)+"]:") {
 			return h
 		}
 	}

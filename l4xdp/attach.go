@@ -50,6 +50,8 @@ type Config struct {
 	Zone string
 	// NAT is where NAT flows leave from (`--nat-source`, `--nat-ports`).
 	NAT NAT
+	// Tunnel is where tunnel packets leave from (`--tunnel-source`).
+	Tunnel Tunnel
 	// Served, when set, hears the VIP addresses served after each apply (see ServedFunc).
 	Served ServedFunc
 	// RetryApplied, when set, is called (under the loader's lock) when the loader's retry
@@ -78,8 +80,8 @@ const (
 
 // transientMaps are the program's maps a loader makes for itself, unpinned: its config and
 // NAT sources (written from its flags), the per-CPU insert budgets, clock readings, schedule
-// positions and NAT scratch space.
-var transientMaps = []string{"config", "insert_budget", "cpu_clock", "sched_pos", "nat_sources", "nat_scratch"}
+// positions and NAT and tunnel scratch space.
+var transientMaps = []string{"config", "insert_budget", "cpu_clock", "sched_pos", "nat_sources", "nat_scratch", "tunnel_scratch"}
 
 // pinnedMaps are the program's other maps, the state a restarted loader adopts: every map of
 // the generated bindings but the transient ones, so a map added to the program is pinned
@@ -113,6 +115,13 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		return nil, fmt.Errorf("interface %q: %w", cfg.Iface, err)
 	}
 	if err := cfg.NAT.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Tunnel.Validate(); err != nil {
+		return nil, err
+	}
+	tun4, tun6, err := cfg.Tunnel.sources(ifc)
+	if err != nil {
 		return nil, err
 	}
 	// Bound to the network namespace the loader opens in, from whichever goroutine it is
@@ -156,6 +165,11 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		tables.Close()
 		return nil, err
 	}
+	if err := tables.configureTunnel(tun4, tun6); err != nil {
+		tables.Close()
+		return nil, err
+	}
+	l.tunnel4, l.tunnel6 = tun4, tun6
 
 	if err := l.restore(); err != nil {
 		tables.Close()
@@ -177,7 +191,7 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 		tables.Close()
 		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
 	}
-	if err := l.enableForwarding(); err != nil {
+	if err := l.enableForwarding(cfg.NAT.has(true), cfg.NAT.has(false), "the FIB lookups of NAT need it"); err != nil {
 		tables.Close()
 		return nil, err
 	}

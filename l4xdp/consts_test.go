@@ -53,6 +53,8 @@ func TestCConstantsMatchGo(t *testing.T) {
 	want("F_PANIC", vf["F_PANIC"], FlagPanic)
 	want("F_WRR", vf["F_WRR"], FlagWRR)
 	want("F_WLC", vf["F_WLC"], FlagWLC)
+	want("F_TUNNEL", vf["F_TUNNEL"], FlagTunnel)
+	want("F_SECOND", vf["F_SECOND"], FlagSecondChance)
 	cf := enum("conn_flags")
 	want("C_COUNTED", cf["C_COUNTED"], connCounted)
 	want("C_SYN", cf["C_SYN"], connSYN)
@@ -72,6 +74,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 	want("B_ALIVE", bf["B_ALIVE"], backendAlive)
 	want("B_DOWN", bf["B_DOWN"], backendDown)
 	want("B_NAT", bf["B_NAT"], backendNAT)
+	want("B_TUNNEL", bf["B_TUNNEL"], backendTunnel)
 
 	size := func(name string) uint64 {
 		t.Helper()
@@ -82,7 +85,7 @@ func TestCConstantsMatchGo(t *testing.T) {
 		return uint64(m.MaxEntries)
 	}
 	want("path_stats entries (PATH_MAX)", size("path_stats"), pathMax)
-	for _, m := range []string{"vips", "vip_addrs", "maglev", "vip_names", "vip_stats", "schedules", "sched_pos", "wlc_pools"} {
+	for _, m := range []string{"vips", "vip_addrs", "maglev", "vip_names", "vip_stats", "schedules", "sched_pos", "wlc_pools", "tunnel_tables"} {
 		want(m+" entries (MAX_VIPS)", size(m), MaxVIPs)
 	}
 	for _, m := range []string{"backends", "backend_names", "backend_stats", "server_ids", "weights", "active", "backend_zones"} {
@@ -90,6 +93,8 @@ func TestCConstantsMatchGo(t *testing.T) {
 	}
 	want("Maglev table entries (MAGLEV_SIZE)", uint64(spec.Maps["maglev"].InnerMap.MaxEntries), MaxTableSize)
 	want("schedule entries (MAGLEV_SIZE)", uint64(spec.Maps["schedules"].InnerMap.MaxEntries), MaxTableSize)
+	want("second-chance table entries (MAGLEV_SIZE)", uint64(spec.Maps["tunnel_tables"].InnerMap.MaxEntries), MaxTableSize)
+	want("second-chance row bytes (setTunnelTable's)", uint64(spec.Maps["tunnel_tables"].InnerMap.ValueSize), 8)
 	want("pools' largest vip table", pools.MaxVIPTableSize, MaxTableSize)
 	want("connection table entries", size("conns"), DefaultConnTableSize)
 	want("NAT table entries (as conns)", size("nat_rev"), DefaultConnTableSize)

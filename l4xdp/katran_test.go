@@ -10,11 +10,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 
 	"github.com/stickylb/stickylb/internal/testkit/netnstest"
@@ -42,6 +46,17 @@ import (
 //	over-cap:    a SYN of an unseen 5-tuple while the CPU's insert budget is spent (Katran's
 //	             MAX_CONN_RATE, our --conn-insert-cap): picked and forwarded, not remembered.
 //	pass:        TCP to an address that is no VIP: XDP_PASS.
+//	tunnel:      an ACK of a flow both programs hold, to a second VIP (10.200.1.2:80, the same
+//	             ring in Katran): Katran's IPIP encapsulation beside ours of a forwarding:
+//	             tunnel VIP with second chance (GUE, the outer source port from the flow,
+//	             the next hop from the FIB; no secondary: the entry knows the backend), its backends
+//	             10.1.0.21-23 behind a router. The established path's DR arm is the
+//	             reference of the tunnel's goal (at most 1.3x).
+//
+// Every run is in a namespace of the benchmark's own, as if the frame came in on its veth
+// lb0 (BPF_PROG_RUN's ingress_ifindex): the tunnel's FIB lookup answers from that
+// namespace's route to the backends, out of lb0 again, so the tunnel ends in XDP_TX as
+// Katran's IPIP and our DR do.
 //
 // Modes:
 //
@@ -57,7 +72,8 @@ import (
 //
 // Before timing, each arm is run once and its verdict and output frame are compared with
 // the frame built here (Katran's IPIP encapsulation toward the real its jhash picks; our
-// MAC rewrite toward the backend FNV-1a picks); after timing, the programs' counters must
+// MAC rewrite toward the backend our flow hash picks; our GUE toward the row's primary,
+// which the flow's SYN took); after timing, the programs' counters must
 // have moved on the arm's path only. Rounds interleave the arms; bench/katran.sh takes the
 // medians.
 func BenchmarkKatran(b *testing.B) {
@@ -70,7 +86,9 @@ func BenchmarkKatran(b *testing.B) {
 	for r := 1; r <= katranRounds; r++ {
 		b.Run(fmt.Sprintf("round=%d", r), func(b *testing.B) {
 			for _, a := range k.arms {
-				b.Run(a.name, func(b *testing.B) { k.time(b, a) })
+				b.Run(a.name, func(b *testing.B) {
+					k.kit.MustDo("lb", func() error { k.time(b, a); return nil })
+				})
 			}
 		})
 	}
@@ -100,6 +118,7 @@ const (
 
 var (
 	katranVIP        = netip.MustParseAddrPort("10.200.1.1:80")
+	katranTunVIP     = netip.MustParseAddrPort("10.200.1.2:80") // our tunnel VIP; Katran's vip_num 1
 	katranReals      = []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")}
 	katranDefaultMAC = net.HardwareAddr{0x00, 0x00, 0xde, 0xad, 0xbe, 0xaf}
 	katranClient     = netip.MustParseAddr("192.168.1.1")
@@ -175,6 +194,9 @@ func loadKatran(tb testing.TB, path string, table []uint32) *katranLB {
 		}
 	}
 	put("vip_map", katranVIPKey(katranVIP), make([]byte, 8)) // vip_meta: flags 0, vip_num 0
+	tunMeta := make([]byte, 8)
+	binary.NativeEndian.PutUint32(tunMeta[4:], 1) // vip_num 1: its ring follows vip_num 0's
+	put("vip_map", katranVIPKey(katranTunVIP), tunMeta)
 	for i, r := range katranReals {
 		v := make([]byte, 20) // real_definition: the address, flags 0 (IPv4)
 		a := r.As4()
@@ -185,6 +207,7 @@ func loadKatran(tb testing.TB, path string, table []uint32) *katranLB {
 	for i, t := range table {
 		k.ring[i] = t + 1 // real ids start at 1
 		put("ch_rings", uint32(i), k.ring[i])
+		put("ch_rings", k.ringSize+uint32(i), k.ring[i])
 	}
 	mac := make([]byte, 8) // ctl_value: the default router's MAC at position 0
 	copy(mac, katranDefaultMAC)
@@ -288,13 +311,19 @@ func katranEncap(in []byte, src netip.Addr, sport uint16, real netip.Addr) []byt
 	return append(out, in[14:]...)
 }
 
-// katranRig holds both programs, the floors and the arms.
+// katranRig holds both programs, the floors and the arms, and the namespace they run in.
 type katranRig struct {
-	ours  *Tables
-	table []uint32
-	kt    *katranLB
-	arms  []*katranArm
+	ours    *Tables
+	table   []uint32
+	tun     tunTable // our tunnel VIP's table (slots katranTunSlot..)
+	kt      *katranLB
+	arms    []*katranArm
+	kit     *netnstest.Kit
+	ifindex uint32 // lb0's: every run's ingress
 }
+
+// katranTunSlot is our first tunnel backend's slot (tunA, tunB, tunC follow the DR ones).
+const katranTunSlot = 3
 
 // katranArm is one sub-benchmark: mode=/path=/impl=.
 type katranArm struct {
@@ -320,6 +349,7 @@ type katranArm struct {
 }
 
 func newKatranRig(b *testing.B, obj string) *katranRig {
+	kit, ifindex := katranNetns(b)
 	ours, err := loadTables(Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -338,20 +368,147 @@ func newKatranRig(b *testing.B, obj string) *katranRig {
 	if err := ours.SetVIP(VIP{ID: 1, Addr: katranVIP, Proto: 6, Table: table}); err != nil {
 		b.Fatal(err)
 	}
-	k := &katranRig{ours: ours, table: table, kt: loadKatran(b, obj, table)}
+	tun := katranTunnel(b, ours)
+	k := &katranRig{ours: ours, table: table, tun: tun, kt: loadKatran(b, obj, table), kit: kit, ifindex: ifindex}
 	k.establish(b)
 	k.arms = k.makeArms(b)
 	return k
 }
 
-// establish forwards the established path's SYN through both programs, below their caps.
+// katranNetns makes the namespace every run is in: veth lb0 (lbMAC, natLB4/24) with the
+// route to our tunnel backends (10.1.0.0/24) via natRouter4, a permanent neighbour, and
+// forwarding on (bpf_fib_lookup answers only where it is). It returns lb0's index.
+func katranNetns(b *testing.B) (*netnstest.Kit, uint32) {
+	kit := netnstest.New(b, "kt")
+	kit.AddNS("lb")
+	ns := kit.Name("lb")
+	kit.Run("ip", "-n", ns, "link", "add", "lb0", "address", lbMAC.String(), "type", "veth", "peer", "name", "lb0p")
+	kit.Run("ip", "-n", ns, "link", "set", "lb0", "up")
+	kit.Run("ip", "-n", ns, "link", "set", "lb0p", "up")
+	kit.Run("ip", "-n", ns, "address", "add", natLB4.String()+"/24", "dev", "lb0")
+	kit.Run("ip", "-n", ns, "route", "add", "10.1.0.0/24", "via", natRouter4.String(), "dev", "lb0")
+	kit.Run("ip", "-n", ns, "neigh", "replace", natRouter4.String(), "lladdr", routerMAC.String(), "nud", "permanent", "dev", "lb0")
+	kit.In("lb", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+	var ifindex uint32
+	kit.MustDo("lb", func() error {
+		ifc, err := net.InterfaceByName("lb0")
+		if err == nil {
+			ifindex = uint32(ifc.Index)
+		}
+		return err
+	})
+	return kit, ifindex
+}
+
+// katranTunnel gives ours the tunnel VIP katranTunVIP over tunA, tunB and tunC (slots
+// katranTunSlot..), with second chance, the tunnel's source natLB4; it returns the VIP's
+// table.
+func katranTunnel(b *testing.B, ours *Tables) tunTable {
+	if err := ours.configureTunnel(natLB4, netip.Addr{}); err != nil {
+		b.Fatal(err)
+	}
+	hosts := []tunHost{{addr: tunA}, {addr: tunB}, {addr: tunC}}
+	for i, h := range hosts {
+		slot := uint32(katranTunSlot + i)
+		if err := ours.SetBackend(slot, Backend{MAC: backMACs[0], Alive: true, Tunnel: true, Addr: netip.AddrPortFrom(h.addr, tunnelPort)}); err != nil {
+			b.Fatal(err)
+		}
+		if err := ours.SetWeight(slot, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tt := newTunTable(b, true, hosts...) // slots 0.. as tunSlot numbers them: moved up
+	for i := range tt.primary {
+		for _, s := range []*uint32{&tt.primary[i], &tt.second[i]} {
+			if *s != emptySlot {
+				*s += katranTunSlot
+			}
+		}
+	}
+	if err := ours.SetVIP(tunVIP(2, katranTunVIP, 6, tt)); err != nil {
+		b.Fatal(err)
+	}
+	return tt
+}
+
+// establish forwards the established flows' SYNs through both programs, below their caps.
 func (k *katranRig) establish(tb testing.TB) {
 	k.resetBudgets(tb, false)
-	syn := tcp4(tb, katranClient, katranVIP.Addr(), 31337, 80, "S", nil, nil)
-	for _, p := range []*ebpf.Program{k.ours.Program(), k.kt.prog} {
-		if ret, _ := run(tb, p, syn); ret != xdpTX {
-			tb.Fatalf("establishing the flow: action %d", ret)
+	k.kit.MustDo("lb", func() error {
+		for _, vip := range []netip.Addr{katranVIP.Addr(), katranTunVIP.Addr()} {
+			syn := tcp4(tb, katranClient, vip, 31337, 80, "S", nil, nil)
+			for _, p := range []*ebpf.Program{k.ours.Program(), k.kt.prog} {
+				if ret, _, _ := k.run(tb, p, syn, 1); ret != xdpTX {
+					tb.Fatalf("establishing the flow to %v: action %d", vip, ret)
+				}
+			}
 		}
+		return nil
+	})
+}
+
+// katranTunFrame is the tunnel arm's ACK, as tcp4 builds the others' but with 6 bytes of
+// payload: 60 bytes without Ethernet's padding, which the tunnel would cut (it sends the IP
+// packet) and the loop's wrapper, which gives back only what was added in front, could not
+// put back.
+func katranTunFrame(tb testing.TB) []byte {
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: katranClient.AsSlice(), DstIP: katranTunVIP.Addr().AsSlice(), Id: 7}
+	tc := &layers.TCP{SrcPort: 31337, DstPort: 80, Seq: 1, Window: 65535, ACK: true}
+	tc.SetNetworkLayerForChecksum(ip)
+	f := serialize(tb, eth(lbMAC, clientMAC, layers.EthernetTypeIPv4), ip, tc, gopacket.Payload("hello!"))
+	if len(f) != 60 {
+		tb.Fatalf("the tunnel arm's frame is %d bytes, want 60", len(f))
+	}
+	return f
+}
+
+// touchTunnelFlow marks the tunnel arm's entry seen now: with second chance, an entry idle
+// 2 s is not followed (tunnel_trusts), and the arms of a round run longer than that apart.
+func (k *katranRig) touchTunnelFlow(tb testing.TB) {
+	tb.Helper()
+	key := lbFlow{Src: katranClient.As16(), Dst: katranTunVIP.Addr().As16(), Proto: 6}
+	key.Sport, key.Dport = netOrder(31337), netOrder(80)
+	var c lbConn
+	if err := k.ours.objs.Conns.Lookup(&key, &c); err != nil {
+		tb.Fatalf("the tunnel flow's entry: %v", err)
+	}
+	c.LastSeen = monoNow()
+	if err := k.ours.objs.Conns.Put(&key, &c); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// progTestRun is struct bpf_attr as BPF_PROG_TEST_RUN takes it.
+type progTestRun struct {
+	ProgFD, Retval, DataSizeIn, DataSizeOut uint32
+	DataIn, DataOut                         uint64
+	Repeat, Duration, CtxSizeIn, CtxSizeOut uint32
+	CtxIn, CtxOut                           uint64
+	Flags, CPU, BatchSize, _                uint32
+}
+
+// run runs p on in, repeat times, as if in came in on lb0 (cilium/ebpf's Benchmark takes no
+// context): the verdict, the last output frame and the kernel's time per run. The caller
+// is in the rig's namespace. An interrupted run is run again.
+func (k *katranRig) run(tb testing.TB, p *ebpf.Program, in []byte, repeat int) (uint32, []byte, time.Duration) {
+	tb.Helper()
+	out := make([]byte, len(in)+256)
+	ctx := xdpMD{DataEnd: uint32(len(in)), IngressIfindex: k.ifindex}
+	attr := progTestRun{ProgFD: uint32(p.FD()), DataSizeIn: uint32(len(in)), DataSizeOut: uint32(len(out)),
+		DataIn: uint64(uintptr(unsafe.Pointer(&in[0]))), DataOut: uint64(uintptr(unsafe.Pointer(&out[0]))),
+		Repeat: uint32(repeat), CtxSizeIn: uint32(unsafe.Sizeof(ctx)), CtxIn: uint64(uintptr(unsafe.Pointer(&ctx)))}
+	for {
+		_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+		runtime.KeepAlive(in)
+		runtime.KeepAlive(out)
+		runtime.KeepAlive(&ctx)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			tb.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
+		}
+		return attr.Retval, out[:attr.DataSizeOut], time.Duration(attr.Duration)
 	}
 }
 
@@ -389,6 +546,7 @@ func (k *katranRig) makeArms(b *testing.B) []*katranArm {
 	over := tcp4(b, katranClient, vip, 31338, 80, "S", nil, nil)
 	fresh := tcp4(b, newFlowNet, vip, 0, 80, "S", nil, nil)
 	pass := tcp4(b, katranClient, katranNoVIP, 31337, 80, "A", nil, nil)
+	tun := katranTunFrame(b)
 	tp := loadTestProgs(b)
 	nop := nopXDP(b)
 
@@ -403,11 +561,17 @@ func (k *katranRig) makeArms(b *testing.B) []*katranArm {
 	ktOut := func(in []byte, src netip.Addr, sport uint16) []byte {
 		return katranEncap(in, src, sport, k.kt.real(src, sport, 80))
 	}
-	fixed := func(in []byte, src netip.Addr, sport uint16, want func([]byte, netip.Addr, uint16) []byte) func(testing.TB, *katranArm) {
-		return func(tb testing.TB, a *katranArm) { expectRun(tb, a.prog, in, a.want, want(in, src, sport)) }
+	// Ours through the tunnel: GUE to the backend of the flow's entry, the row's primary when
+	// its SYN came; a packet that hits its entry carries no secondary (its backend is known).
+	tunOut := func(in []byte, src netip.Addr, sport uint16) []byte {
+		pri, _ := k.tun.pair(flowHash(src, katranTunVIP.Addr(), sport, 80, 6, false))
+		return tunneledIP(b, in[14:], src, sport, 80, pri, netip.Addr{})
 	}
-	passOut := func(tb testing.TB, a *katranArm) { expectRun(tb, a.prog, a.in, xdpPass, a.in) }
-	anyTX := func(tb testing.TB, a *katranArm) { expectRun(tb, a.prog, a.in, xdpTX, nil) }
+	fixed := func(in []byte, src netip.Addr, sport uint16, want func([]byte, netip.Addr, uint16) []byte) func(testing.TB, *katranArm) {
+		return func(tb testing.TB, a *katranArm) { k.expectRun(tb, a.prog, in, a.want, want(in, src, sport)) }
+	}
+	passOut := func(tb testing.TB, a *katranArm) { k.expectRun(tb, a.prog, a.in, xdpPass, a.in) }
+	anyTX := func(tb testing.TB, a *katranArm) { k.expectRun(tb, a.prog, a.in, xdpTX, nil) }
 	// New flows: per call, the next tuple the arm will send; in the loop, the one the
 	// wrapper writes next (its counter sits after the frame in its template).
 	varied := func(want func([]byte, netip.Addr, uint16) []byte) func(testing.TB, *katranArm) {
@@ -418,7 +582,7 @@ func (k *katranRig) makeArms(b *testing.B) []*katranArm {
 			}
 			in := newFlow(fresh, c)
 			src, sport := newFlowTuple(c)
-			expectRun(tb, a.prog, in, xdpTX, want(in, src, sport))
+			k.expectRun(tb, a.prog, in, xdpTX, want(in, src, sport))
 			if a.wrap == nil {
 				a.varyNext++
 			}
@@ -474,6 +638,11 @@ func (k *katranRig) makeArms(b *testing.B) []*katranArm {
 			before: k.oursCounts, after: k.oursAfter("pass", "forward")})
 		arm("pass", "katran", pass, k.kt.prog, false, katranArm{want: xdpPass, verify: passOut,
 			before: k.ktCounts, after: k.ktAfter("pass")})
+		arm("tunnel", "stickylb", tun, k.ours.Program(), false, katranArm{prepare: k.touchTunnelFlow,
+			verify: fixed(tun, katranClient, 31337, tunOut), before: k.oursCounts,
+			after: k.oursAfter("conn_hit", "conn_miss", "conn_stale", "insert_refused", "tunnel_second", "tunnel_no_route", "tunnel_too_big")})
+		arm("tunnel", "katran", tun, k.kt.prog, false, katranArm{verify: fixed(tun, katranClient, 31337, ktOut),
+			before: k.ktCounts, after: k.ktAfter("established")})
 	}
 	return arms
 }
@@ -509,16 +678,16 @@ func (k *katranRig) time(b *testing.B, a *katranArm) {
 					in = newFlow(a.in, a.varyNext)
 					a.varyNext++
 				}
-				ret, d, err := a.prog.Benchmark(in, 1, nil)
-				if err != nil || ret != a.want {
-					b.Fatalf("action %d (%v), want %d", ret, err, a.want)
+				ret, _, d := k.run(b, a.prog, in, 1)
+				if ret != a.want {
+					b.Fatalf("action %d, want %d", ret, a.want)
 				}
 				total += d
 			}
 		} else {
-			ret, d, err := a.prog.Benchmark(in, n, nil)
-			if err != nil || ret != a.want {
-				b.Fatalf("action %d (%v), want %d", ret, err, a.want)
+			ret, _, d := k.run(b, a.prog, in, n)
+			if ret != a.want {
+				b.Fatalf("action %d, want %d", ret, a.want)
 			}
 			total += d * time.Duration(n)
 		}
@@ -531,9 +700,9 @@ func (k *katranRig) time(b *testing.B, a *katranArm) {
 }
 
 // expectRun runs p once on in and checks the verdict and, when want is not nil, the output.
-func expectRun(tb testing.TB, p *ebpf.Program, in []byte, wantRet uint32, want []byte) {
+func (k *katranRig) expectRun(tb testing.TB, p *ebpf.Program, in []byte, wantRet uint32, want []byte) {
 	tb.Helper()
-	ret, out := run(tb, p, in)
+	ret, out, _ := k.run(tb, p, in, 1)
 	if ret != wantRet {
 		tb.Fatalf("action %d, want %d", ret, wantRet)
 	}

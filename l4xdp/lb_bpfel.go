@@ -21,7 +21,7 @@ type lbBackend struct {
 	Ifindex uint32
 	Gen     uint32
 	Addr    [16]uint8
-	Pad2    uint32
+	Mtu     uint32
 	Nh      struct {
 		_       structs.HostLayout
 		Dmac    [6]uint8
@@ -78,6 +78,8 @@ type lbLbConfig struct {
 	NatPortHi        uint16
 	NatV4            uint32
 	NatV6            uint32
+	TunnelV4         [4]uint8
+	TunnelV6         [16]uint8
 	NatHoldClosing   uint16
 	NatHoldRst       uint16
 	NatHoldUnreplied uint16
@@ -87,31 +89,35 @@ type lbLbConfig struct {
 type lbLbPath uint32
 
 const (
-	lbLbPathPATH_PASS           lbLbPath = 0
-	lbLbPathPATH_FORWARD        lbLbPath = 1
-	lbLbPathPATH_CONN_HIT       lbLbPath = 2
-	lbLbPathPATH_CONN_MISS      lbLbPath = 3
-	lbLbPathPATH_FRAGMENT       lbLbPath = 4
-	lbLbPathPATH_ICMP_ERROR     lbLbPath = 5
-	lbLbPathPATH_MALFORMED      lbLbPath = 6
-	lbLbPathPATH_NO_BACKEND     lbLbPath = 7
-	lbLbPathPATH_IP_OPTIONS     lbLbPath = 8
-	lbLbPathPATH_TCP_RST        lbLbPath = 9
-	lbLbPathPATH_QUIC_SERVER_ID lbLbPath = 10
-	lbLbPathPATH_CONN_STALE     lbLbPath = 11
-	lbLbPathPATH_INSERT_REFUSED lbLbPath = 12
-	lbLbPathPATH_PANIC          lbLbPath = 13
-	lbLbPathPATH_WRR            lbLbPath = 14
-	lbLbPathPATH_WLC            lbLbPath = 15
-	lbLbPathPATH_MIDSTREAM      lbLbPath = 16
-	lbLbPathPATH_NAT_FORWARD    lbLbPath = 17
-	lbLbPathPATH_NAT_REPLY      lbLbPath = 18
-	lbLbPathPATH_NAT_NO_PORT    lbLbPath = 19
-	lbLbPathPATH_NAT_NO_ROUTE   lbLbPath = 20
-	lbLbPathPATH_NAT_FRAGMENT   lbLbPath = 21
-	lbLbPathPATH_NAT_STRAY      lbLbPath = 22
-	lbLbPathPATH_NAT_RECLAIM    lbLbPath = 23
-	lbLbPathPATH_MAX            lbLbPath = 24
+	lbLbPathPATH_PASS            lbLbPath = 0
+	lbLbPathPATH_FORWARD         lbLbPath = 1
+	lbLbPathPATH_CONN_HIT        lbLbPath = 2
+	lbLbPathPATH_CONN_MISS       lbLbPath = 3
+	lbLbPathPATH_FRAGMENT        lbLbPath = 4
+	lbLbPathPATH_ICMP_ERROR      lbLbPath = 5
+	lbLbPathPATH_MALFORMED       lbLbPath = 6
+	lbLbPathPATH_NO_BACKEND      lbLbPath = 7
+	lbLbPathPATH_IP_OPTIONS      lbLbPath = 8
+	lbLbPathPATH_TCP_RST         lbLbPath = 9
+	lbLbPathPATH_QUIC_SERVER_ID  lbLbPath = 10
+	lbLbPathPATH_CONN_STALE      lbLbPath = 11
+	lbLbPathPATH_INSERT_REFUSED  lbLbPath = 12
+	lbLbPathPATH_PANIC           lbLbPath = 13
+	lbLbPathPATH_WRR             lbLbPath = 14
+	lbLbPathPATH_WLC             lbLbPath = 15
+	lbLbPathPATH_MIDSTREAM       lbLbPath = 16
+	lbLbPathPATH_NAT_FORWARD     lbLbPath = 17
+	lbLbPathPATH_NAT_REPLY       lbLbPath = 18
+	lbLbPathPATH_NAT_NO_PORT     lbLbPath = 19
+	lbLbPathPATH_NAT_NO_ROUTE    lbLbPath = 20
+	lbLbPathPATH_NAT_FRAGMENT    lbLbPath = 21
+	lbLbPathPATH_NAT_STRAY       lbLbPath = 22
+	lbLbPathPATH_NAT_RECLAIM     lbLbPath = 23
+	lbLbPathPATH_TUNNEL          lbLbPath = 24
+	lbLbPathPATH_TUNNEL_SECOND   lbLbPath = 25
+	lbLbPathPATH_TUNNEL_TOO_BIG  lbLbPath = 26
+	lbLbPathPATH_TUNNEL_NO_ROUTE lbLbPath = 27
+	lbLbPathPATH_MAX             lbLbPath = 28
 )
 
 type lbName struct {
@@ -168,6 +174,15 @@ type lbServerKey struct {
 	ServerId uint32
 }
 
+type lbTunnelScratch struct {
+	_    structs.HostLayout
+	Src  [16]uint8
+	Dst  [16]uint8
+	Dmac [6]uint8
+	Smac [6]uint8
+	Pad  uint32
+}
+
 type lbVipKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -196,31 +211,33 @@ type lbWlcPool struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lbMapActive       = "active"
-	lbMapBackendNames = "backend_names"
-	lbMapBackendStats = "backend_stats"
-	lbMapBackendZones = "backend_zones"
-	lbMapBackends     = "backends"
-	lbMapConfig       = "config"
-	lbMapConns        = "conns"
-	lbMapCpuClock     = "cpu_clock"
-	lbMapInsertBudget = "insert_budget"
-	lbMapMaglev       = "maglev"
-	lbMapNatReserved  = "nat_reserved"
-	lbMapNatRev       = "nat_rev"
-	lbMapNatScratch   = "nat_scratch"
-	lbMapNatSources   = "nat_sources"
-	lbMapPathStats    = "path_stats"
-	lbMapSchedPos     = "sched_pos"
-	lbMapSchedules    = "schedules"
-	lbMapServerIds    = "server_ids"
-	lbMapVipAddrs     = "vip_addrs"
-	lbMapVipNames     = "vip_names"
-	lbMapVipStats     = "vip_stats"
-	lbMapVips         = "vips"
-	lbMapWeights      = "weights"
-	lbMapWlcPools     = "wlc_pools"
-	lbProgStickylbXdp = "stickylb_xdp"
+	lbMapActive        = "active"
+	lbMapBackendNames  = "backend_names"
+	lbMapBackendStats  = "backend_stats"
+	lbMapBackendZones  = "backend_zones"
+	lbMapBackends      = "backends"
+	lbMapConfig        = "config"
+	lbMapConns         = "conns"
+	lbMapCpuClock      = "cpu_clock"
+	lbMapInsertBudget  = "insert_budget"
+	lbMapMaglev        = "maglev"
+	lbMapNatReserved   = "nat_reserved"
+	lbMapNatRev        = "nat_rev"
+	lbMapNatScratch    = "nat_scratch"
+	lbMapNatSources    = "nat_sources"
+	lbMapPathStats     = "path_stats"
+	lbMapSchedPos      = "sched_pos"
+	lbMapSchedules     = "schedules"
+	lbMapServerIds     = "server_ids"
+	lbMapTunnelScratch = "tunnel_scratch"
+	lbMapTunnelTables  = "tunnel_tables"
+	lbMapVipAddrs      = "vip_addrs"
+	lbMapVipNames      = "vip_names"
+	lbMapVipStats      = "vip_stats"
+	lbMapVips          = "vips"
+	lbMapWeights       = "weights"
+	lbMapWlcPools      = "wlc_pools"
+	lbProgStickylbXdp  = "stickylb_xdp"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -272,30 +289,32 @@ type lbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbMapSpecs struct {
-	Active       *ebpf.MapSpec `ebpf:"active"`
-	BackendNames *ebpf.MapSpec `ebpf:"backend_names"`
-	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
-	BackendZones *ebpf.MapSpec `ebpf:"backend_zones"`
-	Backends     *ebpf.MapSpec `ebpf:"backends"`
-	Config       *ebpf.MapSpec `ebpf:"config"`
-	Conns        *ebpf.MapSpec `ebpf:"conns"`
-	CpuClock     *ebpf.MapSpec `ebpf:"cpu_clock"`
-	InsertBudget *ebpf.MapSpec `ebpf:"insert_budget"`
-	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
-	NatReserved  *ebpf.MapSpec `ebpf:"nat_reserved"`
-	NatRev       *ebpf.MapSpec `ebpf:"nat_rev"`
-	NatScratch   *ebpf.MapSpec `ebpf:"nat_scratch"`
-	NatSources   *ebpf.MapSpec `ebpf:"nat_sources"`
-	PathStats    *ebpf.MapSpec `ebpf:"path_stats"`
-	SchedPos     *ebpf.MapSpec `ebpf:"sched_pos"`
-	Schedules    *ebpf.MapSpec `ebpf:"schedules"`
-	ServerIds    *ebpf.MapSpec `ebpf:"server_ids"`
-	VipAddrs     *ebpf.MapSpec `ebpf:"vip_addrs"`
-	VipNames     *ebpf.MapSpec `ebpf:"vip_names"`
-	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
-	Vips         *ebpf.MapSpec `ebpf:"vips"`
-	Weights      *ebpf.MapSpec `ebpf:"weights"`
-	WlcPools     *ebpf.MapSpec `ebpf:"wlc_pools"`
+	Active        *ebpf.MapSpec `ebpf:"active"`
+	BackendNames  *ebpf.MapSpec `ebpf:"backend_names"`
+	BackendStats  *ebpf.MapSpec `ebpf:"backend_stats"`
+	BackendZones  *ebpf.MapSpec `ebpf:"backend_zones"`
+	Backends      *ebpf.MapSpec `ebpf:"backends"`
+	Config        *ebpf.MapSpec `ebpf:"config"`
+	Conns         *ebpf.MapSpec `ebpf:"conns"`
+	CpuClock      *ebpf.MapSpec `ebpf:"cpu_clock"`
+	InsertBudget  *ebpf.MapSpec `ebpf:"insert_budget"`
+	Maglev        *ebpf.MapSpec `ebpf:"maglev"`
+	NatReserved   *ebpf.MapSpec `ebpf:"nat_reserved"`
+	NatRev        *ebpf.MapSpec `ebpf:"nat_rev"`
+	NatScratch    *ebpf.MapSpec `ebpf:"nat_scratch"`
+	NatSources    *ebpf.MapSpec `ebpf:"nat_sources"`
+	PathStats     *ebpf.MapSpec `ebpf:"path_stats"`
+	SchedPos      *ebpf.MapSpec `ebpf:"sched_pos"`
+	Schedules     *ebpf.MapSpec `ebpf:"schedules"`
+	ServerIds     *ebpf.MapSpec `ebpf:"server_ids"`
+	TunnelScratch *ebpf.MapSpec `ebpf:"tunnel_scratch"`
+	TunnelTables  *ebpf.MapSpec `ebpf:"tunnel_tables"`
+	VipAddrs      *ebpf.MapSpec `ebpf:"vip_addrs"`
+	VipNames      *ebpf.MapSpec `ebpf:"vip_names"`
+	VipStats      *ebpf.MapSpec `ebpf:"vip_stats"`
+	Vips          *ebpf.MapSpec `ebpf:"vips"`
+	Weights       *ebpf.MapSpec `ebpf:"weights"`
+	WlcPools      *ebpf.MapSpec `ebpf:"wlc_pools"`
 }
 
 // lbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -324,30 +343,32 @@ func (o *lbObjects) Close() error {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbMaps struct {
-	Active       *ebpf.Map `ebpf:"active"`
-	BackendNames *ebpf.Map `ebpf:"backend_names"`
-	BackendStats *ebpf.Map `ebpf:"backend_stats"`
-	BackendZones *ebpf.Map `ebpf:"backend_zones"`
-	Backends     *ebpf.Map `ebpf:"backends"`
-	Config       *ebpf.Map `ebpf:"config"`
-	Conns        *ebpf.Map `ebpf:"conns"`
-	CpuClock     *ebpf.Map `ebpf:"cpu_clock"`
-	InsertBudget *ebpf.Map `ebpf:"insert_budget"`
-	Maglev       *ebpf.Map `ebpf:"maglev"`
-	NatReserved  *ebpf.Map `ebpf:"nat_reserved"`
-	NatRev       *ebpf.Map `ebpf:"nat_rev"`
-	NatScratch   *ebpf.Map `ebpf:"nat_scratch"`
-	NatSources   *ebpf.Map `ebpf:"nat_sources"`
-	PathStats    *ebpf.Map `ebpf:"path_stats"`
-	SchedPos     *ebpf.Map `ebpf:"sched_pos"`
-	Schedules    *ebpf.Map `ebpf:"schedules"`
-	ServerIds    *ebpf.Map `ebpf:"server_ids"`
-	VipAddrs     *ebpf.Map `ebpf:"vip_addrs"`
-	VipNames     *ebpf.Map `ebpf:"vip_names"`
-	VipStats     *ebpf.Map `ebpf:"vip_stats"`
-	Vips         *ebpf.Map `ebpf:"vips"`
-	Weights      *ebpf.Map `ebpf:"weights"`
-	WlcPools     *ebpf.Map `ebpf:"wlc_pools"`
+	Active        *ebpf.Map `ebpf:"active"`
+	BackendNames  *ebpf.Map `ebpf:"backend_names"`
+	BackendStats  *ebpf.Map `ebpf:"backend_stats"`
+	BackendZones  *ebpf.Map `ebpf:"backend_zones"`
+	Backends      *ebpf.Map `ebpf:"backends"`
+	Config        *ebpf.Map `ebpf:"config"`
+	Conns         *ebpf.Map `ebpf:"conns"`
+	CpuClock      *ebpf.Map `ebpf:"cpu_clock"`
+	InsertBudget  *ebpf.Map `ebpf:"insert_budget"`
+	Maglev        *ebpf.Map `ebpf:"maglev"`
+	NatReserved   *ebpf.Map `ebpf:"nat_reserved"`
+	NatRev        *ebpf.Map `ebpf:"nat_rev"`
+	NatScratch    *ebpf.Map `ebpf:"nat_scratch"`
+	NatSources    *ebpf.Map `ebpf:"nat_sources"`
+	PathStats     *ebpf.Map `ebpf:"path_stats"`
+	SchedPos      *ebpf.Map `ebpf:"sched_pos"`
+	Schedules     *ebpf.Map `ebpf:"schedules"`
+	ServerIds     *ebpf.Map `ebpf:"server_ids"`
+	TunnelScratch *ebpf.Map `ebpf:"tunnel_scratch"`
+	TunnelTables  *ebpf.Map `ebpf:"tunnel_tables"`
+	VipAddrs      *ebpf.Map `ebpf:"vip_addrs"`
+	VipNames      *ebpf.Map `ebpf:"vip_names"`
+	VipStats      *ebpf.Map `ebpf:"vip_stats"`
+	Vips          *ebpf.Map `ebpf:"vips"`
+	Weights       *ebpf.Map `ebpf:"weights"`
+	WlcPools      *ebpf.Map `ebpf:"wlc_pools"`
 }
 
 func (m *lbMaps) Close() error {
@@ -370,6 +391,8 @@ func (m *lbMaps) Close() error {
 		m.SchedPos,
 		m.Schedules,
 		m.ServerIds,
+		m.TunnelScratch,
+		m.TunnelTables,
 		m.VipAddrs,
 		m.VipNames,
 		m.VipStats,

@@ -3,6 +3,7 @@ package l4xdp
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -55,9 +56,13 @@ type Loader struct {
 	seen      map[string]health.Transition
 	gens      map[string]uint64
 	installed map[string]uint64
-	// natBackends: the backends of the last apply reached by NAT (the maintenance loop keeps
-	// their next hops resolved).
-	natBackends []*pools.Backend
+	// routed: the backends of the last apply reached by NAT or tunnel (the maintenance loop
+	// keeps their next hops resolved).
+	routed []*pools.Backend
+	// tunnel4, tunnel6: the tunnel's source of each family (invalid: none).
+	tunnel4, tunnel6 netip.Addr
+	// forwarding4, forwarding6: forwarding is on for the tunnel's FIB lookups.
+	forwarding4, forwarding6 bool
 	// failed: why the last apply or rebuild of file failed, for what may pass (nil once one
 	// succeeds); failedStale: it left the tables behind a fleet's (see Stale); retryAt,
 	// retryWait: when the maintenance loop tries again, and how long it waited last.

@@ -295,15 +295,17 @@ func (f *Tables) SweepNAT() (int, error) {
 	return left, nil
 }
 
-// enableForwarding turns on forwarding on the LB's interface for the families NAT sources
-// are given for: the kernel's FIB lookup from XDP (the next hop of a NAT packet) answers only
-// for an interface that forwards (BPF_FIB_LKUP_RET_FWD_DISABLED otherwise).
-func (l *Loader) enableForwarding() error {
+// enableForwarding turns on forwarding on the LB's interface for the families asked (IPv4
+// when v4, IPv6 when v6): the kernel's FIB lookup from XDP (the next hop of a NAT or tunnel
+// packet) answers only for an interface that forwards (BPF_FIB_LKUP_RET_FWD_DISABLED
+// otherwise). why says who needs it, for the errors.
+func (l *Loader) enableForwarding(v4, v6 bool, why string) error {
 	for _, fam := range []struct {
+		on   bool
 		v4   bool
 		path string
-	}{{true, "/proc/sys/net/ipv4/conf/%s/forwarding"}, {false, "/proc/sys/net/ipv6/conf/%s/forwarding"}} {
-		if !l.cfg.NAT.has(fam.v4) {
+	}{{v4, true, "/proc/sys/net/ipv4/conf/%s/forwarding"}, {v6, false, "/proc/sys/net/ipv6/conf/%s/forwarding"}} {
+		if !fam.on {
 			continue
 		}
 		path := fmt.Sprintf(fam.path, l.cfg.Iface)
@@ -323,10 +325,10 @@ func (l *Loader) enableForwarding() error {
 			}
 		}
 		if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
-			return fmt.Errorf("turning on forwarding on %s (the FIB lookups of NAT need it): %w", l.cfg.Iface, err)
+			return fmt.Errorf("turning on forwarding on %s (%s): %w", l.cfg.Iface, why, err)
 		}
-		l.log.Info("turned on forwarding on the interface: NAT's next hops come from the kernel's FIB, which answers only for a forwarding interface",
-			zap.String("sysctl", path))
+		l.log.Info("turned on forwarding on the interface: the next hops of NAT and tunnel packets come from the kernel's FIB, which answers only for a forwarding interface",
+			zap.String("sysctl", path), zap.String("for", why))
 	}
 	return nil
 }

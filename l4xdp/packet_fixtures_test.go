@@ -68,7 +68,7 @@ func (r *packetRig) run(t *testing.T, via string, in []byte) (uint32, []byte) {
 
 // TestPacketFixtures runs every scenario of the table.
 func TestPacketFixtures(t *testing.T) {
-	scenarios := append(drFixtures(t), natFixtures(t)...)
+	scenarios := append(append(drFixtures(t), natFixtures(t)...), tunnelFixtures(t)...)
 	seen := map[string]bool{}
 	for _, sc := range scenarios {
 		if seen[sc.name] {

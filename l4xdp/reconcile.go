@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net"
+	"net/netip"
 	"sort"
 	"time"
 
@@ -181,12 +182,15 @@ func (l *Loader) planReachLocked(f *pools.File, served []*pools.Service, p *appl
 	if err != nil {
 		return err
 	}
-	var direct, viaNAT []*pools.Backend
+	if err := l.planTunnel(f, served); err != nil {
+		return err
+	}
+	var direct, routed []*pools.Backend
 	installed := map[*pools.Backend]net.HardwareAddr{}
 	for _, s := range served {
 		for _, pb := range p.backends[s.Name] {
-			if natted[pb.b] {
-				viaNAT = append(viaNAT, pb.b)
+			if natted[pb.b] || s.ForwardingOf(pb.b) == pools.ForwardingTunnel {
+				routed = append(routed, pb.b)
 				continue
 			}
 			direct = append(direct, pb.b)
@@ -202,22 +206,22 @@ func (l *Loader) planReachLocked(f *pools.File, served []*pools.Service, p *appl
 		return transient(err, false)
 	}
 	known := map[string]bool{}
-	for _, b := range l.natBackends {
+	for _, b := range l.routed {
 		known[b.Address] = true
 	}
-	var newNAT []*pools.Backend
-	for _, b := range viaNAT {
+	var fresh []*pools.Backend
+	for _, b := range routed {
 		if !known[b.Address] {
-			newNAT = append(newNAT, b)
+			fresh = append(fresh, b)
 		}
 	}
-	l.resolveNextHops(newNAT, 3*time.Second)
-	l.natBackends = viaNAT
+	l.resolveNextHops(fresh, 3*time.Second)
+	l.routed = routed
 	for _, ps := range p.backends {
 		for i := range ps {
 			ps[i].mac = macs[ps[i].b]
-			if natted[ps[i].b] {
-				ps[i].mac = make(net.HardwareAddr, 6) // the FIB gives the next hop
+			if ps[i].mac == nil {
+				ps[i].mac = make(net.HardwareAddr, 6) // NAT, tunnel: the FIB gives the next hop
 			}
 		}
 	}
@@ -251,7 +255,7 @@ func (l *Loader) installServiceLocked(s *pools.Service, p *applyPlan, w *applyWr
 	for _, m := range ms {
 		w.put("weight of "+s.Name+"/"+m.id, l.maps.SetWeight(m.slot, inPick[m.slot]))
 	}
-	vip, err := l.vipOf(s, id, pick, global)
+	vip, err := l.vipOf(s, id, pick, global, ms)
 	if err != nil {
 		w.errs = append(w.errs, err)
 		return
@@ -292,6 +296,9 @@ func (l *Loader) installBackendLocked(s *pools.Service, id uint32, pb plannedBac
 	w.put("naming backend "+pb.key, l.maps.objs.BackendNames.Put(pb.slot, bn))
 	gen := l.maps.slotGen(pb.slot)
 	reach := Backend{NAT: nat, Addr: pb.b.AddrPort()}
+	if s.ForwardingOf(pb.b) == pools.ForwardingTunnel {
+		reach = Backend{Tunnel: true, Addr: netip.AddrPortFrom(pb.b.AddrPort().Addr(), s.TunnelPort)}
+	}
 	newHands := newIndex(l.slots, pb.key, pb.slot)
 	if wasNAT, addr, port := l.maps.slotReach(pb.slot); !newHands && (wasNAT != reach.NAT ||
 		(reach.NAT && (addr != reach.Addr.Addr().Unmap().As16() || port != netOrder(reach.Addr.Port())))) {
@@ -310,7 +317,7 @@ func (l *Loader) installBackendLocked(s *pools.Service, id uint32, pb plannedBac
 	}
 	w.put("zone of "+pb.key, l.maps.setZone(pb.slot, pb.b.Zone))
 	w.put("backend "+pb.key, l.maps.SetBackend(pb.slot, Backend{MAC: pb.mac, Alive: true, Down: down, Gen: gen,
-		NAT: reach.NAT, Addr: reach.Addr}))
+		NAT: reach.NAT, Tunnel: reach.Tunnel, Addr: reach.Addr}))
 	if pb.b.ServerID != 0 {
 		w.put("server_id of "+pb.key, l.maps.SetServerID(id, pb.b.ServerID, pb.slot))
 		w.serverIDs[lbServerKey{VipId: id, ServerId: uint32(pb.b.ServerID)}] = pb.slot
@@ -346,8 +353,10 @@ func (l *Loader) pruneLeaversLocked(p *applyPlan, w *applyWrites) {
 // vipOf builds service s's VIP: its key, affinity, and tables. With balance maglev the
 // Maglev table spreads over pick (the backends new flows go to on this node); with
 // weighted_round_robin and weighted_least_conn new flows follow a schedule over pick, and
-// the Maglev table, for flows that started on another node, spreads over global.
-func (l *Loader) vipOf(s *pools.Service, id uint32, pick, global []member) (VIP, error) {
+// the Maglev table, for flows that started on another node, spreads over global. A tunnel
+// service's table is the second-chance table over the same backends, the healthy draining
+// ones of all (ms) as secondaries.
+func (l *Loader) vipOf(s *pools.Service, id uint32, pick, global, all []member) (VIP, error) {
 	vip, _ := s.VIPAddrPort()
 	proto := uint8(6)
 	if s.Protocol == pools.ProtocolUDP {
@@ -375,7 +384,17 @@ func (l *Loader) vipOf(s *pools.Service, id uint32, pick, global []member) (VIP,
 			v.Schedule = append(v.Schedule, pick[i].slot)
 		}
 	}
-	table, err := maglevTable(hashed, size)
+	var table []uint32
+	var err error
+	if s.Forwarding == pools.ForwardingTunnel {
+		v.Flags |= FlagTunnel
+		if s.SecondChance {
+			v.Flags |= FlagSecondChance
+		}
+		table, v.Second, err = secondChanceTable(hashed, draining(all, hashed), size, s.SecondChance)
+	} else {
+		table, err = maglevTable(hashed, size)
+	}
 	if err != nil {
 		return VIP{}, fmt.Errorf("service %s: %w", s.Name, err)
 	}
@@ -401,17 +420,10 @@ func maglevTable(ms []member, size uint64) ([]uint32, error) {
 		}
 		return table, nil
 	}
-	ramping := false
-	for _, m := range ms {
-		ramping = ramping || m.ramping
-	}
+	ws := tableWeights(ms)
 	hosts := make([]chash.Host, len(ms))
 	for i, m := range ms {
-		w := m.weight
-		if !ramping {
-			w = max(1, (m.weight+weightScale/2)/weightScale)
-		}
-		hosts[i] = chash.Host{ID: m.id, Weight: w}
+		hosts[i] = chash.Host{ID: m.id, Weight: ws[i]}
 	}
 	mt, err := chash.NewMaglev(hosts, size)
 	if err != nil {
@@ -421,6 +433,24 @@ func maglevTable(ms []member, size uint64) ([]uint32, error) {
 		table[i] = ms[h].slot
 	}
 	return table, nil
+}
+
+// tableWeights are the weights a table is built with from ms: the backends' own unless slow
+// start holds one of them down (then every weight is in weightScale units, ramped), so a
+// table with no ramp in progress is the one every tier builds from the pools file.
+func tableWeights(ms []member) []uint32 {
+	ramping := false
+	for _, m := range ms {
+		ramping = ramping || m.ramping
+	}
+	ws := make([]uint32, len(ms))
+	for i, m := range ms {
+		ws[i] = m.weight
+		if !ramping {
+			ws[i] = max(1, (m.weight+weightScale/2)/weightScale)
+		}
+	}
+	return ws
 }
 
 // firstVerdictHold is how long the checkers of f's vip services may take to give their
@@ -518,7 +548,7 @@ func vipDigest(v VIP, ms []member, weights map[uint32]uint32) uint64 {
 	for _, x := range []uint32{v.ID, uint32(v.Proto), v.Flags, v.CIDLength, uint32(v.IdleTimeout / time.Second)} {
 		word(x)
 	}
-	for _, t := range [][]uint32{v.Table, v.Schedule, v.Pool} {
+	for _, t := range [][]uint32{v.Table, v.Schedule, v.Pool, v.Second} {
 		word(uint32(len(t)))
 		for _, x := range t {
 			word(x)

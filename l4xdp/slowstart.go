@@ -142,9 +142,9 @@ func (l *Loader) startMaintenanceLocked(ctx context.Context) {
 					l.log.Warn("sweeping ended NAT flows", zap.Error(err))
 				}
 				l.mu.Lock()
-				nat := l.natBackends
+				routed := l.routed
 				l.mu.Unlock()
-				l.resolveNextHops(nat, 0)
+				l.resolveNextHops(routed, 0)
 			}
 		}
 	}()

@@ -26,6 +26,12 @@ const (
 	// FlagWLC: new flows go to the backend of Pool with the fewest active connections per
 	// weight (balance weighted_least_conn).
 	FlagWLC = 16
+	// FlagTunnel: the VIP's backends are reached by tunnel, and its new flows pick from the
+	// second-chance table (Table's primaries with Second's secondaries).
+	FlagTunnel = 32
+	// FlagSecondChance: the tunnel VIP's table names secondaries, and a TCP entry idle two
+	// seconds is not followed blindly (the packet goes by the table).
+	FlagSecondChance = 64
 )
 
 // pathNames names the path counters (by index: enum lb_path in bpf/consts.h) for metrics and
@@ -33,7 +39,7 @@ const (
 var pathNames = [...]string{"pass", "forward", "conn_hit", "conn_miss", "fragment", "icmp_error",
 	"malformed", "no_backend", "ip_options", "tcp_rst", "quic_server_id", "conn_stale", "insert_refused", "panic",
 	"wrr", "wlc", "midstream", "nat_forward", "nat_reply", "nat_no_port", "nat_no_route", "nat_fragment", "nat_stray",
-	"nat_reclaim"}
+	"nat_reclaim", "tunnel", "tunnel_second", "tunnel_too_big", "tunnel_no_route"}
 
 const numPaths = uint32(len(pathNames))
 
@@ -175,6 +181,9 @@ type VIP struct {
 	// Pool is the backends weighted least connections compares (FlagWLC); above
 	// WLCScan of them a pick compares two candidates drawn from Schedule.
 	Pool []uint32
+	// Second is the second-chance table's secondaries, row by row beside Table's primaries
+	// (FlagTunnel; emptySlot: none).
+	Second []uint32
 }
 
 func (v VIP) key(withPort bool) lbVipKey {
@@ -204,6 +213,9 @@ func (f *Tables) SetVIP(v VIP) error {
 	}
 	if _, err := inner.BatchUpdate(keys, v.Table, nil); err != nil {
 		return fmt.Errorf("vip %s: filling its table: %w", v.Addr, err)
+	}
+	if err := f.setTunnelTable(v); err != nil {
+		return err
 	}
 	if err := f.objs.Maglev.Put(v.ID, inner); err != nil {
 		return fmt.Errorf("vip %s: installing its table: %w", v.Addr, err)
@@ -242,8 +254,11 @@ type Backend struct {
 	Gen uint32
 	// NAT: the backend is reached by NAT, at Addr (MAC and Ifindex are then unused: the
 	// next hop comes from the kernel's FIB).
-	NAT  bool
-	Addr netip.AddrPort
+	NAT bool
+	// Tunnel: the backend is reached by tunnel, at Addr's address and to its port (the
+	// tunnel's UDP port); the next hop comes from the FIB, as NAT's.
+	Tunnel bool
+	Addr   netip.AddrPort
 }
 
 // SetBackend installs backend slot idx.
@@ -254,10 +269,15 @@ func (f *Tables) SetBackend(idx uint32, b Backend) error {
 	}
 	copy(v.Mac[:], b.MAC)
 	v.Ifindex, v.Gen = b.Ifindex, b.Gen
-	if b.NAT {
-		v.Flags |= backendNAT
+	if b.NAT || b.Tunnel {
 		v.Addr = b.Addr.Addr().Unmap().As16() // IPv4 as ::ffff:a.b.c.d, as the program's flows
 		v.Port = netOrder(b.Addr.Port())
+	}
+	if b.NAT {
+		v.Flags |= backendNAT
+	}
+	if b.Tunnel {
+		v.Flags |= backendTunnel
 	}
 	if b.Alive {
 		v.Flags |= backendAlive
@@ -367,6 +387,9 @@ func (f *Tables) PruneVIPs(keep []VIP) error {
 			}
 			if err := f.objs.Schedules.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				errs = append(errs, fmt.Errorf("removing the schedule of VIP %d: %w", id, err))
+			}
+			if err := f.objs.TunnelTables.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("removing the second-chance table of VIP %d: %w", id, err))
 			}
 		}
 	}

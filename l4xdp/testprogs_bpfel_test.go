@@ -19,6 +19,11 @@ type testprogsCounter struct {
 	Bytes   uint64
 }
 
+type testprogsEncapTemplate struct {
+	_ structs.HostLayout
+	B [56]uint8
+}
+
 type testprogsFloorTarget struct {
 	_       structs.HostLayout
 	Mac     [6]uint8
@@ -39,10 +44,12 @@ type testprogsGenConfig struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	testprogsMapEncapTmpl         = "encap_tmpl"
 	testprogsMapFloorCfg          = "floor_cfg"
 	testprogsMapGenCfg            = "gen_cfg"
 	testprogsMapGenSeq            = "gen_seq"
 	testprogsMapSinkStats         = "sink_stats"
+	testprogsProgEncapFloorXdp    = "encap_floor_xdp"
 	testprogsProgFloorXdp         = "floor_xdp"
 	testprogsProgGenXdp           = "gen_xdp"
 	testprogsProgRedirectFloorXdp = "redirect_floor_xdp"
@@ -91,6 +98,7 @@ type testprogsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type testprogsProgramSpecs struct {
+	EncapFloorXdp    *ebpf.ProgramSpec `ebpf:"encap_floor_xdp"`
 	FloorXdp         *ebpf.ProgramSpec `ebpf:"floor_xdp"`
 	GenXdp           *ebpf.ProgramSpec `ebpf:"gen_xdp"`
 	RedirectFloorXdp *ebpf.ProgramSpec `ebpf:"redirect_floor_xdp"`
@@ -101,6 +109,7 @@ type testprogsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type testprogsMapSpecs struct {
+	EncapTmpl *ebpf.MapSpec `ebpf:"encap_tmpl"`
 	FloorCfg  *ebpf.MapSpec `ebpf:"floor_cfg"`
 	GenCfg    *ebpf.MapSpec `ebpf:"gen_cfg"`
 	GenSeq    *ebpf.MapSpec `ebpf:"gen_seq"`
@@ -133,6 +142,7 @@ func (o *testprogsObjects) Close() error {
 //
 // It can be passed to loadTestprogsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type testprogsMaps struct {
+	EncapTmpl *ebpf.Map `ebpf:"encap_tmpl"`
 	FloorCfg  *ebpf.Map `ebpf:"floor_cfg"`
 	GenCfg    *ebpf.Map `ebpf:"gen_cfg"`
 	GenSeq    *ebpf.Map `ebpf:"gen_seq"`
@@ -141,6 +151,7 @@ type testprogsMaps struct {
 
 func (m *testprogsMaps) Close() error {
 	return _TestprogsClose(
+		m.EncapTmpl,
 		m.FloorCfg,
 		m.GenCfg,
 		m.GenSeq,
@@ -158,6 +169,7 @@ type testprogsVariables struct {
 //
 // It can be passed to loadTestprogsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type testprogsPrograms struct {
+	EncapFloorXdp    *ebpf.Program `ebpf:"encap_floor_xdp"`
 	FloorXdp         *ebpf.Program `ebpf:"floor_xdp"`
 	GenXdp           *ebpf.Program `ebpf:"gen_xdp"`
 	RedirectFloorXdp *ebpf.Program `ebpf:"redirect_floor_xdp"`
@@ -166,6 +178,7 @@ type testprogsPrograms struct {
 
 func (p *testprogsPrograms) Close() error {
 	return _TestprogsClose(
+		p.EncapFloorXdp,
 		p.FloorXdp,
 		p.GenXdp,
 		p.RedirectFloorXdp,

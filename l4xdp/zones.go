@@ -49,3 +49,20 @@ func membersAt(ms []member, at []int) []member {
 	}
 	return out
 }
+
+// draining returns the members of ms that are healthy, not in taking (the backends new flows
+// go to) and drain, themselves or by their zone: they take no new flows but may hold
+// connections (the second-chance table's secondaries).
+func draining(ms, taking []member) []member {
+	in := map[uint32]bool{}
+	for _, m := range taking {
+		in[m.slot] = true
+	}
+	var out []member
+	for _, m := range ms {
+		if !in[m.slot] && !m.down && (m.drain || m.zoneDrained) {
+			out = append(out, m)
+		}
+	}
+	return out
+}

@@ -40,6 +40,7 @@ expected=$(
 	cat <<'EOF'
 /etc/stickylb/pools.yaml
 /usr/bin/stickylb
+/usr/lib/systemd/system/stickylb-backend@.service
 /usr/lib/systemd/system/stickylb-xdp@.service
 /usr/lib/systemd/system/stickylb-xds.service
 /usr/lib/sysusers.d/stickylb.conf
@@ -138,8 +139,6 @@ mount -t bpf bpf "$w/bpf"
 systemd-id128 new >"$w/upper/etc/machine-id"
 cp "$1" "$w/shared/stickylb.deb"
 cp "$2" "$w/shared/caddy"
-# The unit the package does not ship yet (the tunnel agent's), for systemd-analyze verify.
-cp examples/systemd/stickylb-backend@.service "$w/shared/"
 install -m 0755 packaging/test/in-systemd.sh "$w/upper/usr/local/sbin/stickylb-check"
 cat >"$w/upper/etc/systemd/system/stickylb-check.service" <<'UNIT'
 [Unit]

@@ -72,7 +72,8 @@ func TestAlertsAreActionable(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"StickylbControlPlaneStoreLost", "StickylbControlPlaneNoLeader", "StickylbNodeDisconnected",
-		"StickylbServicePanic", "StickylbNACKs", "StickylbBGPPeerDown", "StickylbNATPortsExhausted", "StickylbConnInsertsRefused"} {
+		"StickylbServicePanic", "StickylbNACKs", "StickylbBGPPeerDown", "StickylbNATPortsExhausted", "StickylbConnInsertsRefused",
+		"StickylbTunnelNoRoute", "StickylbBackendRefusesTunnel"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no alert %s", want)
 		}

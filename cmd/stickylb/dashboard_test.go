@@ -105,6 +105,12 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	xdpMetricsHandler(nil, xreg, nil, nil, nil, zap.NewNop())
 	describe("xdp", xreg)
 
+	// The backend agent's and what its metrics handler adds (`stickylb backend --metrics`).
+	backreg := prometheus.NewRegistry()
+	backreg.MustRegister(backendCollector{})
+	backendMetricsHandler(nil, backreg, zap.NewNop())
+	describe("backend", backreg)
+
 	// The BGP speaker's, which `stickylb xdp --bgp-*` adds to the node's.
 	breg := prometheus.NewRegistry()
 	breg.MustRegister((*l4bgp.Speaker)(nil).Collector())

@@ -53,6 +53,8 @@ const usage = `usage:
                                                        serve as one replica of the control plane (see docs/fleet.md)
   stickylb ctl --api URL (--token-file F | --cert F --key F --ca F) VERB ...
                                                        change the fleet through a replica's API (ctl --help)
+  stickylb backend --iface IF --lb-source PREFIX[,PREFIX...] [--tunnel-port PORT[,PORT...]] [--metrics ADDR]
+                                                       on a backend of tunnel VIPs: decapsulate, second chance (also: backend stats|detach)
 `
 
 // run executes one command and returns the exit status: 0 success, 1 the file (or the
@@ -80,6 +82,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return poolsCmd(args[1:], stdout, stderr)
 	case "ctl":
 		return ctlCmd(args[1:], stdout, stderr)
+	case "backend":
+		return backendCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -293,7 +297,8 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 
 // printPlan writes the disruption table: per service the share its algorithm moves, then
 // the classic comparison (mod-N, the ring with the file's settings and its points, Maglev,
-// the ideal), and gRPC clients' ring where their 4096-point cap makes it another ring.
+// the ideal), the second-chance table of tunnel services, and gRPC clients' ring where their
+// 4096-point cap makes it another ring.
 func printPlan(w io.Writer, rs []plan.Result) {
 	grpcCapped := slices.ContainsFunc(rs, func(r plan.Result) bool { return r.GRPCRing != nil })
 	pct := func(p *float64) string {
@@ -308,8 +313,12 @@ func printPlan(w io.Writer, rs []plan.Result) {
 		}
 		return fmt.Sprintf("%d->%d", p[0], p[1])
 	}
+	tunnels := slices.ContainsFunc(rs, func(r plan.Result) bool { return r.Rendezvous != nil })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	head := "SERVICE\tALGORITHM\tCHANGE\tMOVED\tMOD-N\tRING\tRING POINTS\tMAGLEV\tIDEAL"
+	if tunnels {
+		head += "\tRENDEZVOUS"
+	}
 	if grpcCapped {
 		head += "\tGRPC RING\tGRPC POINTS"
 	}
@@ -317,6 +326,9 @@ func printPlan(w io.Writer, rs []plan.Result) {
 	for _, r := range rs {
 		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Name, r.Algorithm, r.Change,
 			pct(&r.Moved), pct(&r.ModN), pct(r.Ring), points(r.RingPoints), pct(r.Maglev), pct(&r.Ideal))
+		if tunnels {
+			line += "\t" + pct(r.Rendezvous)
+		}
 		if grpcCapped {
 			line += "\t" + pct(r.GRPCRing) + "\t" + points(r.GRPCRingPoints)
 		}

@@ -322,6 +322,29 @@ func TestHelpShowsArguments(t *testing.T) {
 	}
 }
 
+// TestPlanTunnel: a tunnel service's plan shows the rendezvous table's column, whose share
+// is the one moved (3 -> 4 backends: about a quarter).
+func TestPlanTunnel(t *testing.T) {
+	pool := func(n int) string {
+		var b strings.Builder
+		b.WriteString("services:\n  - name: l4\n    protocol: tcp\n    vip: 10.9.9.9:80\n    forwarding: tunnel\n    backends:\n")
+		for i := 1; i <= n; i++ {
+			fmt.Fprintf(&b, "      - {address: 10.0.0.%d:80}\n", i)
+		}
+		return b.String()
+	}
+	oldP, nextP := write(t, "old.yaml", pool(3)), write(t, "next.yaml", pool(4))
+	var out, errb bytes.Buffer
+	if code := run([]string{"plan", "--pools", oldP, "--next", nextP}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	t.Logf("\n%s", out.String())
+	lines := strings.Split(out.String(), "\n")
+	if !strings.Contains(lines[0], "RENDEZVOUS") || !strings.Contains(lines[1], "25.0") || !strings.Contains(lines[1], "rendezvous") {
+		t.Fatalf("want a RENDEZVOUS column of about 25%%:\n%s", out.String())
+	}
+}
+
 // `stickylb version` and --version after any command print the same build, and stop there
 // (xds --version serves nothing, whatever else the line holds).
 func TestVersion(t *testing.T) {

@@ -57,7 +57,7 @@ func (s *natSources) Set(v string) error {
 		case a.Is4In6():
 			return fmt.Errorf("%q: write the IPv4 address as IPv4 (%s)", part, a.Unmap())
 		case a.IsUnspecified(), a.IsMulticast(), a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-			return fmt.Errorf("%q: not a unicast address (a NAT source is an address of this LB that backends answer)", part)
+			return fmt.Errorf("%q: not a unicast address (an address of this LB that backends answer)", part)
 		case a.IsLoopback(), a.IsLinkLocalUnicast():
 			return fmt.Errorf("%q: a loopback or link-local address cannot be routed to a backend in another subnet", part)
 		}

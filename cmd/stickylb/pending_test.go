@@ -11,6 +11,4 @@ var pendingMetrics = map[string]string{}
 
 // pendingCommands are commands ("xdp drain") and flags ("xds --etcd") passed before
 // `stickylb` takes them; a command listed whole covers its flags.
-var pendingCommands = map[string]string{
-	"backend": "issue 24: the tunnel agent",
-}
+var pendingCommands = map[string]string{}

@@ -12,12 +12,12 @@ import (
 const xdpUsage = `usage:
   stickylb xdp --pools FILE --iface IF [--mode native|generic] [--metrics ADDR [--admin-host NAME,...]] [--pin-root DIR]
                [--conn-table-size N] [--conn-insert-cap N] [--zone Z]
-               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
+               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI] [--tunnel-source ADDR[,ADDR]]
                [--bgp-asn N --bgp-peer ADDR@ASN[,...] [--bgp-router-id A] [--bgp-hold D] [--bgp-next-hop A]
                 [--bgp-community ASN:V]... [--bgp-password-file F] [--bgp-graceful-restart] [--drain-time D] [--run-dir DIR]]
                                                    announce the VIPs to routers over BGP (both modes)
   stickylb xdp --xds ADDR --iface IF [--node-id ID] [--zone Z] [--xds-ca F [--xds-cert F --xds-key F]] [--allow-loopback]
-               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI]
+               [--nat-source ADDR[,ADDR...]] [--nat-ports LO-HI] [--tunnel-source ADDR[,ADDR]]
                [--mode native|generic] [--metrics ADDR] [--pin-root DIR] ...
                                                    the view from a control plane (stickylb xds)
   stickylb xdp stats --iface IF [--pin-root DIR]
@@ -79,6 +79,8 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 	fs.BoolVar(&xn.allowLoopback, "allow-loopback", false, "with --xds, forward to backends on loopback addresses (demos, tests); left out otherwise, as link-local and unspecified ones always are")
 	var nat natFlags
 	nat.register(fs)
+	var tunnelSrc natSources // the same rules as --nat-source's
+	fs.Var(&tunnelSrc, "tunnel-source", "outer source address of tunnel packets, at most one IPv4 and one IPv6 (default: the interface's first global address of each family); the backends' stickylb backend --lb-source must allow it")
 	fl.bgp.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return fl, err
@@ -110,6 +112,11 @@ func parseXDPFlags(args []string, stderr io.Writer) (fl xdpFlags, err error) {
 		fmt.Fprintf(stderr, "stickylb xdp: --nat-source, --nat-ports: %v\n", err)
 		return fl, errXDPUsage
 	}
+	if err := (l4xdp.Tunnel{Sources: tunnelSrc}).Validate(); err != nil {
+		fmt.Fprintf(stderr, "stickylb xdp: --tunnel-source: %v\n", err)
+		return fl, errXDPUsage
+	}
+	fl.cfg.Tunnel = l4xdp.Tunnel{Sources: tunnelSrc}
 	capOpt := *insertCap
 	if capOpt == 0 {
 		capOpt = -1 // the flag's 0 is "no cap"; Options' is "the default"

@@ -31,6 +31,10 @@ enum vip_flags {
 		       * re-picks for its backend being down */
 	F_WRR = 8,    /* balance weighted_round_robin: new flows follow the VIP's schedule */
 	F_WLC = 16,   /* balance weighted_least_conn: new flows to the least active per weight */
+	F_TUNNEL = 32, /* forwarding tunnel: new flows pick from the VIP's second-chance table
+			* (tunnel_tables: a primary and a secondary per row) */
+	F_SECOND = 64, /* second chance: its table names secondaries, and an idle TCP entry is not
+			* followed blindly (tunnel_trusts) */
 };
 
 enum backend_flags {
@@ -40,6 +44,7 @@ enum backend_flags {
 		      * A restarted loader reads it back and keeps the backend out of new flows
 		      * until its own checker has seen it. */
 	B_NAT = 4,   /* reached by NAT: destination and source rewritten, replies come back */
+	B_TUNNEL = 8, /* reached by tunnel: the packet encapsulated in GUE to addr, port */
 };
 
 /* A connection-table entry's flags. */
@@ -104,5 +109,11 @@ enum lb_path {
 	PATH_NAT_RECLAIM = 23, /* new NAT flow given the port of another whose client had not
 				* completed the handshake (no free port within its probes; the oldest
 				* such hold it met) */
-	PATH_MAX = 24,
+	PATH_TUNNEL = 24,      /* forwarded to a tunnel backend, encapsulated in GUE */
+	PATH_TUNNEL_SECOND = 25, /* of those, carrying a secondary (second chance) */
+	PATH_TUNNEL_TOO_BIG = 26, /* encapsulated, it would exceed the path's MTU: answered with
+				   * ICMP fragmentation needed / ICMPv6 packet too big */
+	PATH_TUNNEL_NO_ROUTE = 27, /* tunnel packet dropped: no route or neighbour toward the
+				    * backend, or no tunnel source of its family */
+	PATH_MAX = 28,
 };

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
-// stickylb L4 forwarder: direct routing (DR) and NAT for TCP/UDP VIPs.
+// stickylb L4 forwarder: direct routing (DR), NAT and tunnels for TCP/UDP VIPs.
 //
 // For a packet to a VIP: find the flow in the connection table, else pick a backend from the
 // VIP's Maglev table (built in Go by policies/chash) by a hash of the source address
 // (source_ip), the 5-tuple (none), or the QUIC connection ID (quic_cid); remember the flow
 // (within the per-CPU insert cap);
 // rewrite the MACs and send it back out (XDP_TX) or to the backend's interface; a backend
-// off the LB's subnet is reached by NAT (nat.h), its replies rewritten back. Everything
+// off the LB's subnet is reached by NAT (nat.h), its replies rewritten back, or by a GUE
+// tunnel (tunnel.h), the backend replying directly. Everything
 // else passes to the stack. Every other path (fragments, ICMP errors, malformed
 // headers) is counted in path_stats (enum lb_path in consts.h).
 //
@@ -14,7 +15,8 @@
 // parse.h (header parsing), pick.h (hash and Maglev pick), conn.h (connection entries, the
 // insert cap, active-connection counts), csum.h (incremental checksums), route.h (the
 // forwarding decision, DR rewrite), nat.h (NAT: new flows, translation, ports, replies),
-// icmp.h (ICMP errors).
+// tunnel.h (GUE encapsulation, second chance, the MTU answer; gue.h the format), icmp.h
+// (ICMP errors).
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -61,7 +63,7 @@ static __always_inline int fragment(struct xdp_md *ctx, struct ethhdr *eth, stru
 		count(&path_stats, PATH_NAT_FRAGMENT, len);
 		return XDP_DROP;
 	}
-	return forward(ctx, eth, b, bidx, vm->id, len);
+	return deliver(ctx, eth, f, b, bidx, vm->id, NO_SECOND, len, 0);
 }
 
 static __always_inline int vip_lookup_and_route(struct xdp_md *ctx, struct ethhdr *eth, struct flow *f, void *l4p,

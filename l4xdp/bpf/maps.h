@@ -36,6 +36,24 @@ struct {
 	__array(values, struct maglev_table);
 } maglev SEC(".maps");
 
+/* A row of a VIP's second-chance table (F_TUNNEL): primary | secondary << 32, backend slots
+ * (0xffffffff: none), one 8-byte value so that a packet reads both from one table. */
+struct tunnel_table {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAGLEV_SIZE);
+	__type(key, __u32);
+	__type(value, __u64);
+};
+
+/* The second-chance tables of F_TUNNEL VIPs (the maglev map holds their primaries too, for
+ * the paths that pick by primary alone), swapped whole as the Maglev tables are. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__array(values, struct tunnel_table);
+} tunnel_tables SEC(".maps");
+
 /* Weighted round-robin schedules (F_WRR, F_WLC): slot sequences built by the loader with
  * the smooth weighted round robin, swapped whole as the Maglev tables are. */
 struct {

@@ -177,46 +177,60 @@ static __always_inline int rewrite_packet(struct ethhdr *eth, void *data_end, in
 	return rewrite4(ip, (void *)ip + ip->ihl * 4, data_end, rw, NULL);
 }
 
-/* nat_send sends a rewritten packet to its next hop nh, found by the kernel's FIB from the
- * packet's new addresses and kept for a second: out of the ingress interface (XDP_TX) or
- * redirected to another. When the FIB knows the route but not the neighbour (the kernel
- * drops neighbour entries nobody uses, and XDP sends past them), a next hop already known
- * holds: a backend's last one, or the way a flow came in for its replies; with none the
- * packet is dropped and counted, as it is with no route (the loader keeps the next hops of
- * NAT backends resolved). A route or neighbour change is seen within a second. */
+/* fib_next_hop finds the next hop of a packet from src to dst in the kernel's FIB, kept in nh
+ * for a second (and the route's MTU in *mtu, when not NULL), so that a routed packet costs
+ * one FIB lookup a second per backend or flow, not one each. When the FIB knows the route
+ * but not the neighbour (the kernel drops neighbour entries nobody uses, and XDP sends past
+ * them), a next hop already known holds: a backend's last one, or the way a flow came in for
+ * its replies. Returns -1 with none (no route, or no neighbour ever known; the loader keeps
+ * the next hops of routed backends resolved). A route or neighbour change is seen within a
+ * second. */
+static __always_inline int fib_next_hop(struct xdp_md *ctx, int v6, const __u8 *src, const __u8 *dst,
+					struct next_hop *nh, __u32 *mtu)
+{
+	__u64 now = now_ns();
+	if (nh->at && now <= nh->at + NSEC_PER_SEC)
+		return 0;
+	struct nat_scratch *sc = scratch();
+	if (!sc)
+		return -1;
+	struct bpf_fib_lookup *p = &sc->fib;
+	__builtin_memset(p, 0, sizeof(*p));
+	p->ifindex = ctx->ingress_ifindex;
+	if (v6) {
+		p->family = AF_INET6;
+		__builtin_memcpy(p->ipv6_src, src, 16);
+		__builtin_memcpy(p->ipv6_dst, dst, 16);
+	} else {
+		p->family = AF_INET;
+		__builtin_memcpy(&p->ipv4_src, src + 12, 4);
+		__builtin_memcpy(&p->ipv4_dst, dst + 12, 4);
+	}
+	long rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		/* CPUs racing here write the same answer; a reader between two writes of a
+		 * changed next hop may send one packet to a mixed MAC, as after any neighbour
+		 * change. */
+		__builtin_memcpy(nh->dmac, p->dmac, ETH_ALEN);
+		__builtin_memcpy(nh->smac, p->smac, ETH_ALEN);
+		nh->ifindex = p->ifindex;
+		if (mtu)
+			*mtu = p->mtu_result; /* with no tot_len given, the route's MTU */
+	} else if (rc != BPF_FIB_LKUP_RET_NO_NEIGH || !nh->ifindex) {
+		return -1;
+	}
+	nh->at = now;
+	return 0;
+}
+
+/* nat_send sends a rewritten packet to its next hop nh (fib_next_hop): out of the ingress
+ * interface (XDP_TX) or redirected to another; with none the packet is dropped and counted. */
 static __always_inline int nat_send(struct xdp_md *ctx, struct ethhdr *eth, int v6, const __u8 *src, const __u8 *dst,
 				    struct next_hop *nh, __u64 len)
 {
-	__u64 now = now_ns();
-	if (!nh->at || now > nh->at + NSEC_PER_SEC) {
-		struct nat_scratch *sc = scratch();
-		if (!sc)
-			return XDP_DROP;
-		struct bpf_fib_lookup *p = &sc->fib;
-		__builtin_memset(p, 0, sizeof(*p));
-		p->ifindex = ctx->ingress_ifindex;
-		if (v6) {
-			p->family = AF_INET6;
-			__builtin_memcpy(p->ipv6_src, src, 16);
-			__builtin_memcpy(p->ipv6_dst, dst, 16);
-		} else {
-			p->family = AF_INET;
-			__builtin_memcpy(&p->ipv4_src, src + 12, 4);
-			__builtin_memcpy(&p->ipv4_dst, dst + 12, 4);
-		}
-		long rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
-		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-			/* CPUs racing here write the same answer; a reader between two writes of a
-			 * changed next hop may send one packet to a mixed MAC, as after any
-			 * neighbour change. */
-			__builtin_memcpy(nh->dmac, p->dmac, ETH_ALEN);
-			__builtin_memcpy(nh->smac, p->smac, ETH_ALEN);
-			nh->ifindex = p->ifindex;
-		} else if (rc != BPF_FIB_LKUP_RET_NO_NEIGH || !nh->ifindex) {
-			count(&path_stats, PATH_NAT_NO_ROUTE, len);
-			return XDP_DROP;
-		}
-		nh->at = now;
+	if (fib_next_hop(ctx, v6, src, dst, nh, NULL) < 0) {
+		count(&path_stats, PATH_NAT_NO_ROUTE, len);
+		return XDP_DROP;
 	}
 	__builtin_memcpy(eth->h_dest, nh->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, nh->smac, ETH_ALEN);

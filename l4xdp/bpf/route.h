@@ -9,6 +9,7 @@
 #include "pick.h"
 #include "conn.h"
 #include "nat.h"
+#include "tunnel.h"
 
 /* forward rewrites the frame for backend b (slot bidx) and sends it. */
 static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, const struct backend *b, __u32 bidx,
@@ -23,6 +24,19 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, const
 	if (b->ifindex)
 		return bpf_redirect(b->ifindex, 0);
 	return XDP_TX;
+}
+
+/* deliver sends a packet of flow f to backend b (slot bidx) the way b is reached: by tunnel
+ * (with secondary second, NO_SECOND: none; now, the clock the caller read, or 0) or by
+ * direct routing. */
+static __always_inline int deliver(struct xdp_md *ctx, struct ethhdr *eth, const struct flow *f, struct backend *b,
+				   __u32 bidx, __u32 vip_id, __u32 second, __u64 len, __u64 now)
+{
+	if (b->flags & B_TUNNEL) {
+		struct tunnel_args a = {.bidx = bidx, .vip_id = vip_id, .second = second, .len = len, .now = now};
+		return tunnel_forward(ctx, f, b, &a);
+	}
+	return forward(ctx, eth, b, bidx, vip_id, len);
 }
 
 /* route sends a flow of a VIP: connection table first, then the pick. A SYN uses its entry
@@ -56,6 +70,8 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		 * each refresh (a port idle past its hold may have gone to another flow), its reply
 		 * entry is still its own. */
 		if (usable && !(c->flags & C_NAT) != !(b->flags & B_NAT))
+			usable = 0;
+		if (usable && (b->flags & B_TUNNEL) && !tunnel_trusts(vm, c, f, syn, now))
 			usable = 0;
 		int nr = NAT_OK;
 		if (usable && (c->flags & C_NAT) && !(tflags & T_ICMP) &&
@@ -93,7 +109,7 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 						     .tflags = tflags, .len = len};
 				return nat_forward(ctx, f, b, &a);
 			}
-			return forward(ctx, eth, b, bidx, vm->id, len);
+			return deliver(ctx, eth, f, b, bidx, vm->id, NO_SECOND, len, now);
 		}
 		count(&path_stats, PATH_CONN_STALE, len);
 		if (!(tflags & T_ICMP)) {
@@ -131,8 +147,9 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	}
 	if (decided < 0)
 		h = hash_flow(f, vm->flags & F_SRC_IP);
+	__u32 second = NO_SECOND;
 	if (decided != 1) {
-		int p = pick(vm, h);
+		int p = (vm->flags & F_TUNNEL) ? tunnel_pick(vm, h, &second) : pick(vm, h);
 		if (p < 0) {
 			count(&path_stats, PATH_NO_BACKEND, len);
 			return XDP_DROP;
@@ -164,7 +181,10 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	}
 	if (rst) {
 		count(&path_stats, PATH_TCP_RST, len);
-	} else if (!(tflags & T_ICMP)) {
+	} else if (!(tflags & T_ICMP) && (second == NO_SECOND || f->proto != IPPROTO_TCP || syn)) {
+		/* A TCP non-SYN miss that carries a secondary (a flow that moved here, or whose
+		 * entry went) is not remembered: its entry would hold the primary alone, and the
+		 * flow's backend may be the secondary. Every packet of it takes the table. */
 		if (insert_allowed(now)) {
 			/* A FIN opens no connection to count. */
 			struct conn nc = {.backend = bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now,
@@ -190,5 +210,5 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 	}
 	if (vm->flags & F_PANIC)
 		count(&path_stats, PATH_PANIC, len);
-	return forward(ctx, eth, b, bidx, vm->id, len);
+	return deliver(ctx, eth, f, b, bidx, vm->id, second, len, now);
 }

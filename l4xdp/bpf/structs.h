@@ -45,10 +45,12 @@ struct backend {
 	enum backend_flags flags;
 	__u32 ifindex; /* 0: XDP_TX out of the ingress interface */
 	__u32 gen;     /* bumped by the loader each time the slot changes hands */
-	__u8 addr[16]; /* B_NAT: the backend's address (IPv4 as ::ffff:a.b.c.d) */
-	__u32 pad2;
-	struct next_hop nh; /* B_NAT: the next hop toward addr (written by the program; the
-			     * loader's writes of the slot clear it) */
+	__u8 addr[16]; /* B_NAT, B_TUNNEL: the backend's address (IPv4 as ::ffff:a.b.c.d);
+			* B_TUNNEL: port is the tunnel's UDP port */
+	__u32 mtu;     /* B_TUNNEL: the MTU of the route toward addr, from the FIB with nh (0:
+			* not known yet) */
+	struct next_hop nh; /* B_NAT, B_TUNNEL: the next hop toward addr (written by the
+			     * program; the loader's writes of the slot clear it) */
 };
 
 /* Aligned to 8: hash_flow reads it as five 64-bit words. */
@@ -124,6 +126,8 @@ struct lb_config {
 	__u16 nat_port_hi;
 	__u32 nat_v4;     /* IPv4 NAT sources (nat_sources[0..nat_v4-1]) */
 	__u32 nat_v6;     /* IPv6 NAT sources (nat_sources[8..8+nat_v6-1]) */
+	__u8 tunnel_v4[4];  /* the tunnel's outer source address, IPv4 (0: none) */
+	__u8 tunnel_v6[16]; /* and IPv6 */
 	/* Seconds a NAT flow holds its port idle, at most: once a FIN was believed; after a RST
 	 * believed from either side (conntrack's CLOSE); and before its client completes the
 	 * handshake (a UDP flow: before the backend's first reply), so that a flood of SYNs,

@@ -5,7 +5,8 @@ set -e
 root="${DPKG_ROOT:-}"
 if [ "$1" = purge ]; then
 	rm -f "$root"/etc/systemd/system/*.wants/stickylb-xds.service \
-		"$root"/etc/systemd/system/*.wants/stickylb-xdp@*.service
+		"$root"/etc/systemd/system/*.wants/stickylb-xdp@*.service \
+		"$root"/etc/systemd/system/*.wants/stickylb-backend@*.service
 	rmdir "$root/etc/stickylb" 2>/dev/null || true
 fi
 if [ -z "$root" ] && [ -d /run/systemd/system ]; then

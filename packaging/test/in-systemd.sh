@@ -52,13 +52,13 @@ stickylb version
 step "systemd-analyze verify"
 # verify exits 0 on an unknown key or a bad value and only prints them: any output fails.
 out=$(systemd-analyze verify /usr/lib/systemd/system/stickylb-xds.service /usr/lib/systemd/system/stickylb-xdp@.service \
-	/shared/stickylb-backend@.service 2>&1) || fail "verify: $out"
+	/usr/lib/systemd/system/stickylb-backend@.service 2>&1) || fail "verify: $out"
 [ -z "$out" ] || fail "verify said: $out"
 echo ok
 
 step "systemd-analyze security"
 # The exposure score, and what each unit still leaves open (docs/install.md quotes them).
-for unit in stickylb-xds.service stickylb-xdp@t0.service; do
+for unit in stickylb-xds.service stickylb-xdp@t0.service stickylb-backend@t2.service; do
 	systemd-analyze security --no-pager "$unit" >/run/security.txt
 	tail -1 /run/security.txt
 	grep '✗' /run/security.txt | sed 's/^/    /'
@@ -197,6 +197,35 @@ systemctl stop stickylb-xdp@t0.service
 ip link show t0 | grep -q xdp || fail "stopping the unit detached the program"
 echo "stopped; the program stays attached"
 
+step "stickylb backend by hand, then stickylb-backend@t2.service (adopts the pinned agent)"
+ip link add t2 type veth peer name t3 || fail "veth"
+ip addr add 10.201.0.2/24 dev t2
+ip link set t2 up
+ip link set t3 up
+cat >/etc/default/stickylb-backend-t2 <<'EOF'
+STICKYLB_LB_SOURCE=10.201.0.1
+STICKYLB_BACKEND_OPTS="--metrics 127.0.0.1:9200"
+EOF
+stickylb backend --iface t2 --lb-source 10.201.0.1 --metrics 127.0.0.1:9200 >/run/backend-hand.out 2>/run/backend-hand.log &
+hand=$!
+wait_for "grep -q ready /run/backend-hand.out"
+curl -sf http://127.0.0.1:9200/metrics | grep '^stickylb_backend_packets_total{path="decap"}' || fail "the hand-started agent counts no decap path"
+kill -TERM $hand
+wait $hand
+stickylb backend stats --iface t2 | grep -q '"refused"' || fail "the agent's counters left with the hand-started agent"
+systemctl start stickylb-backend@t2.service || fail "start"
+wait_for "curl -sf http://127.0.0.1:9200/metrics"
+journalctl -u stickylb-backend@t2.service --no-pager | grep -q "adopted the running agent" || fail "the unit did not adopt the pinned agent"
+caps=$(proc_status stickylb-backend@t2.service CapEff)
+echo "uid $(proc_status stickylb-backend@t2.service Uid | cut -f1), CapEff $caps"
+# CAP_NET_ADMIN 12, CAP_PERFMON 38, CAP_BPF 39.
+[ "$caps" = 000000c000001000 ] || fail "CapEff $caps, want CAP_BPF CAP_PERFMON CAP_NET_ADMIN (0xc000001000)"
+curl -sf http://127.0.0.1:9200/metrics | grep '^stickylb_build_info' || fail "no stickylb_build_info"
+curl -sf http://127.0.0.1:9200/status.json | grep -q '"10.201.0.1/32"' || fail "status.json does not name the LB source"
+systemctl stop stickylb-backend@t2.service
+stickylb backend stats --iface t2 | grep -q '"decap"' || fail "stopping the unit removed the agent"
+echo "stopped; the agent stays attached"
+
 step "Caddy with the package's drop-in: the cookie secret as a credential"
 # caddy.service as Caddy's packages install it (the parts that matter here), the caddy user,
 # and a Caddy built with stickylb's modules (scripts/check-package.sh built /shared/caddy).
@@ -270,9 +299,10 @@ systemctl reload caddy.service || fail "systemctl reload caddy (caddy reload)"
 echo "reloaded; the cookie still opens"
 systemctl stop caddy.service
 
-step "purge: the units stop, the forwarder is detached, the files go"
+step "purge: the units stop, the forwarder and the agent are detached, the files go"
 dpkg -P stickylb || fail "dpkg -P"
 ip link show t0 | grep -q xdp && fail "the program stays attached after the purge"
+[ ! -e /sys/fs/bpf/stickylb-backend/t2 ] || fail "the backend agent stays pinned after the purge"
 [ -z "$(sysctl -n net.ipv4.ip_local_reserved_ports)" ] || fail "the purge left NAT's reserved ports"
 [ ! -e /usr/bin/stickylb ] && [ ! -e /etc/stickylb ] || fail "files left: $(ls -d /usr/bin/stickylb /etc/stickylb 2>/dev/null)"
 systemctl cat stickylb-xds.service >/dev/null 2>&1 && fail "systemd still knows stickylb-xds.service"

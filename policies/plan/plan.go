@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/stickylb/stickylb/policies/chash"
 	"github.com/stickylb/stickylb/policies/pools"
@@ -38,6 +39,10 @@ type Result struct {
 	// (the file's table_size, else 65537) would move over the same backends.
 	Ring   *float64 `json:"ring,omitempty"`
 	Maglev *float64 `json:"maglev,omitempty"`
+	// Rendezvous is what the second-chance table of a forwarding: tunnel vip service (the
+	// table its XDP nodes use: rendezvous hashing over the file's table_size rows) moves,
+	// by its primaries; it is then also Moved.
+	Rendezvous *float64 `json:"rendezvous,omitempty"`
 	// RingPoints are the ring's points before and after the change (Envoy's and Caddy's).
 	RingPoints *[2]int `json:"ring_points,omitempty"`
 	// GRPCRing is what gRPC clients' ring moves, set for grpc services whose ring gRPC caps
@@ -126,6 +131,9 @@ func picker(s *pools.Service, hs []chash.Host) (chash.Picker, error) {
 	}
 	switch s.Balance {
 	case pools.BalanceMaglev:
+		if tunnel(s) {
+			return rendezvous(s, hs)
+		}
 		return chash.NewMaglev(hs, s.Hash.TableSize)
 	case pools.BalanceRingHash:
 		return ring(s, hs, false)
@@ -155,6 +163,25 @@ func ring(s *pools.Service, hs []chash.Host, grpc bool) (*chash.Ring, error) {
 	return chash.NewRing(hs, lo, hi)
 }
 
+// tunnel says whether s's XDP table is the second-chance table of forwarding: tunnel.
+func tunnel(s *pools.Service) bool {
+	return s.VIP != "" && s.Forwarding == pools.ForwardingTunnel
+}
+
+// rendezvous builds s's second-chance table over hs (the backends that take new flows: a
+// draining backend is never a row's primary, so leaving it out gives the same primaries).
+func rendezvous(s *pools.Service, hs []chash.Host) (*chash.Rendezvous, error) {
+	size := s.Hash.TableSize
+	if size == 0 {
+		size = chash.DefaultMaglevTableSize
+	}
+	rh := make([]chash.RendezvousHost, len(hs))
+	for i, h := range hs {
+		rh[i] = chash.RendezvousHost{ID: h.ID, Weight: h.Weight}
+	}
+	return chash.NewRendezvous(rh, size)
+}
+
 // maglev builds s's Maglev table over hs, at the file's table size or Envoy's default.
 func maglev(s *pools.Service, hs []chash.Host) (*chash.Maglev, error) {
 	size := s.Hash.TableSize
@@ -167,6 +194,18 @@ func maglev(s *pools.Service, hs []chash.Host) (*chash.Maglev, error) {
 // table fills r's disruption table: the ring (each side with its own file's settings, or
 // next's when that side does not hash), Maglev, and gRPC's ring when its cap bites.
 func table(r *Result, os, ns *pools.Service, ho, hn []chash.Host, keyHashes []uint64) error {
+	if tunnel(ns) && len(ho) > 0 && len(hn) > 0 {
+		ro, err := rendezvous(os, ho)
+		if err != nil {
+			return fmt.Errorf("building the current rendezvous table: %w", err)
+		}
+		rn, err := rendezvous(ns, hn)
+		if err != nil {
+			return fmt.Errorf("building the next rendezvous table: %w", err)
+		}
+		m := movedShare(ro, rn, ho, hn, keyHashes)
+		r.Rendezvous = &m
+	}
 	if !hashing(ns) || len(ho) == 0 || len(hn) == 0 {
 		return nil
 	}
@@ -285,6 +324,9 @@ func compareService(os, ns *pools.Service, keyHashes []uint64) (Result, error) {
 	if err := table(&r, os, ns, ho, hn, keyHashes); err != nil {
 		return r, err
 	}
+	if tunnel(ns) {
+		r.Note = strings.TrimPrefix(r.Note+"; forwarding tunnel: the XDP table is rendezvous, a primary and a secondary per row", "; ")
+	}
 	if slices.EqualFunc(ho, hn, func(a, b chash.Host) bool { return a == b }) && os.Balance == ns.Balance && os.Hash == ns.Hash {
 		r.Change = "unchanged"
 	} else {
@@ -298,7 +340,7 @@ func compareService(os, ns *pools.Service, keyHashes []uint64) (Result, error) {
 func (r Result) rounded() Result {
 	round := func(x float64) float64 { return math.Round(x*1e6) / 1e6 }
 	r.Moved, r.Ideal, r.ModN = round(r.Moved), round(r.Ideal), round(r.ModN)
-	for _, p := range []**float64{&r.Ring, &r.Maglev, &r.GRPCRing} {
+	for _, p := range []**float64{&r.Ring, &r.Maglev, &r.Rendezvous, &r.GRPCRing} {
 		if *p != nil {
 			v := round(**p)
 			*p = &v

@@ -124,3 +124,50 @@ func BenchmarkCompare(b *testing.B) {
 		}
 	}
 }
+
+// tunnelFile is a tcp vip service of n equal backends forwarded by tunnel.
+func tunnelFile(t testing.TB, n int, drain int) *pools.File {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("services:\n  - name: l4\n    protocol: tcp\n    vip: 10.9.9.9:80\n    forwarding: tunnel\n    backends:\n")
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "      - {address: 10.0.0.%d:80, drain: %v}\n", i, i == drain)
+	}
+	f, err := pools.Parse("t.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestTunnelRendezvous: a tunnel service's table is the rendezvous one, and adding a
+// backend to n moves about 1/(n+1) of the keys (the ideal), within the noise of 65,537 rows
+// and of the keys measured; draining one of n moves its share, 1/n.
+func TestTunnelRendezvous(t *testing.T) {
+	for _, n := range []int{3, 9} {
+		rs, err := Compare(tunnelFile(t, n, 0), tunnelFile(t, n+1, 0), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rs[0]
+		ideal := 1 / float64(n+1)
+		t.Logf("%d -> %d: moved %.4f rendezvous %v maglev %v ideal %.4f", n, n+1, r.Moved, *r.Rendezvous, *r.Maglev, r.Ideal)
+		if r.Rendezvous == nil || r.Moved != *r.Rendezvous || !strings.Contains(r.Note, "rendezvous") {
+			t.Fatalf("%d -> %d: %+v: want the rendezvous table's share as moved", n, n+1, r)
+		}
+		if math.Abs(r.Ideal-ideal) > 1e-12 {
+			t.Errorf("%d -> %d: ideal %v, want %v", n, n+1, r.Ideal, ideal)
+		}
+		bound := 4*math.Sqrt(ideal*(1-ideal)/65537) + sigma4(ideal, r.Keys)
+		if math.Abs(r.Moved-ideal) > bound {
+			t.Errorf("%d -> %d: moved %v, want %v ± %v", n, n+1, r.Moved, ideal, bound)
+		}
+	}
+	rs, err := Compare(tunnelFile(t, 4, 0), tunnelFile(t, 4, 2), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; math.Abs(r.Moved-0.25) > 4*math.Sqrt(0.25*0.75/65537)+sigma4(0.25, r.Keys) {
+		t.Errorf("drain one of 4: moved %v, want 0.25", r.Moved)
+	}
+}

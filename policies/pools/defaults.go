@@ -19,6 +19,8 @@ package pools
 //	idle_timeout               vip services: udp 300s, tcp 900s
 //	forwarding                 vip services: auto (a backend without its own
 //	                           inherits the service's)
+//	tunnel_port                forwarding tunnel: 6080 (DefaultTunnelPort)
+//	second_chance              forwarding tunnel: true
 //	hash.table_size            maglev, and vip services of any balance
 //	                           (their Maglev table of moved flows): 65537
 //	hash.min/max_ring_size     maglev and ring_hash: 1024 / 4096 (gRPC's cap)
@@ -42,6 +44,14 @@ func applyDefaults(s *Service, given func(path string) bool) {
 	defaultProbes(s, given)
 	if s.VIP != "" && s.Forwarding == "" {
 		s.Forwarding = ForwardingAuto
+	}
+	if s.Forwarding == ForwardingTunnel {
+		if s.TunnelPort == 0 {
+			s.TunnelPort = DefaultTunnelPort
+		}
+		if !given("second_chance") {
+			s.SecondChance = true
+		}
 	}
 	if !given("cross_zone") {
 		s.CrossZone = true

@@ -105,3 +105,32 @@ func TestForwardingBadValueIsQuiet(t *testing.T) {
 		t.Fatalf("want exactly the bad value reported, got:\n%v", err)
 	}
 }
+
+// TestForwardingTunnel: a tunnel service forwards every backend by tunnel, on port 6080 with
+// second chance unless it says otherwise; the other modes carry no tunnel settings.
+func TestForwardingTunnel(t *testing.T) {
+	f, err := Parse("t.yaml", []byte(`services:
+  - {name: a, protocol: tcp, vip: 10.9.9.9:80, forwarding: tunnel, backends: [{address: 10.0.0.1:80}, {address: 10.0.0.2:80}]}
+  - {name: b, protocol: udp, vip: "[2001:db8::9]:53", forwarding: tunnel, tunnel_port: 7000, second_chance: false, backends: [{address: "[2001:db8::1]:53"}]}
+  - {name: c, protocol: tcp, vip: 10.9.9.8:81, backends: [{address: 10.0.0.1:81}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		port   uint16
+		second bool
+		fwd    Forwarding
+	}{{"a", DefaultTunnelPort, true, ForwardingTunnel}, {"b", 7000, false, ForwardingTunnel}, {"c", 0, false, ForwardingAuto}} {
+		s := f.Service(tc.name)
+		if s.TunnelPort != tc.port || s.SecondChance != tc.second {
+			t.Errorf("service %s: tunnel_port %d, second_chance %v; want %d, %v", tc.name, s.TunnelPort, s.SecondChance, tc.port, tc.second)
+		}
+		for _, b := range s.Backends {
+			if got := s.ForwardingOf(b); got != tc.fwd {
+				t.Errorf("service %s, backend %s: forwarding %q, want %q", tc.name, b.Address, got, tc.fwd)
+			}
+		}
+	}
+}

@@ -176,9 +176,17 @@ type Service struct {
 	CrossZone    bool
 	DrainedZones []string
 	// Forwarding is how the XDP tier reaches the service's backends (vip services):
-	// ForwardingAuto (the default), ForwardingDR or ForwardingNAT; a backend may override it.
+	// ForwardingAuto (the default), ForwardingDR or ForwardingNAT, which a backend may
+	// override, or ForwardingTunnel, for all of them.
 	Forwarding Forwarding
-	Backends   []*Backend
+	// TunnelPort is the UDP port the tunnel's GUE packets go to (forwarding tunnel only:
+	// DefaultTunnelPort; 0 otherwise).
+	TunnelPort uint16
+	// SecondChance: each row of the VIP's table names a secondary backend, carried in the
+	// tunnel's header, to which a backend passes a packet of a connection it does not hold
+	// (forwarding tunnel only: true unless turned off).
+	SecondChance bool
+	Backends     []*Backend
 	// Line is where the service's mapping starts in the file.
 	Line int
 }
@@ -333,18 +341,28 @@ const (
 	ForwardingDR Forwarding = "dr"
 	// ForwardingNAT: destination and source rewritten; replies return through the LB.
 	ForwardingNAT Forwarding = "nat"
+	// ForwardingTunnel: the client's packet encapsulated in GUE to the backend, which
+	// decapsulates it (`stickylb backend`) and replies directly; a service's, for all its
+	// backends. auto never picks it.
+	ForwardingTunnel Forwarding = "tunnel"
 )
+
+// DefaultTunnelPort is the UDP port of the GUE tunnel of forwarding tunnel (tunnel_port).
+const DefaultTunnelPort = 6080
 
 // Known reports whether f is one of the forwarding modes ("" is not: it means "not
 // written", which a backend inherits and a service reads as auto).
 func (f Forwarding) Known() bool {
-	return f == ForwardingAuto || f == ForwardingDR || f == ForwardingNAT
+	return f == ForwardingAuto || f == ForwardingDR || f == ForwardingNAT || f == ForwardingTunnel
 }
 
-// ForwardingOf is backend b's forwarding: its own, else the service's, else auto; auto
-// becomes NAT when b's port differs from the VIP's (direct routing keeps the port), and is
-// left to the loader otherwise.
+// ForwardingOf is backend b's forwarding: tunnel for every backend of a tunnel service,
+// else its own, else the service's, else auto; auto becomes NAT when b's port differs from
+// the VIP's (direct routing keeps the port), and is left to the loader otherwise.
 func (s *Service) ForwardingOf(b *Backend) Forwarding {
+	if s.Forwarding == ForwardingTunnel {
+		return ForwardingTunnel
+	}
 	f := b.Forwarding
 	if f == "" {
 		f = s.Forwarding

@@ -191,11 +191,39 @@ func (d *decoder) validateServed(st *svcState) {
 	if st.has("forwarding") && !st.has("vip") {
 		d.errorf(st.keyPos("forwarding"), "forwarding applies to vip services (how the XDP forwarder reaches their backends)")
 	}
+	d.validateTunnel(st)
 	if st.has("vip") && !l4 {
 		d.errorf(st.keyPos("vip"), "vip applies to tcp and udp services (the XDP forwarder is L4); %s is %s", s.Name, s.Protocol)
 	}
 	if l4 && !st.has("listen") && !st.has("vip") {
 		d.errorf(st.node, "service %s: a %s service needs listen (an Envoy listener), vip (the XDP forwarder), or both", s.Name, s.Protocol)
+	}
+}
+
+// validateTunnel: tunnel_port and second_chance belong to forwarding tunnel, which a vip
+// service's listener (Envoy, whose Maglev picks differently from the tunnel's table) and
+// balances that do not hash (second chance covers only the flows the table placed) are
+// warned about.
+func (d *decoder) validateTunnel(st *svcState) {
+	s := st.s
+	tunnel := s.Forwarding == ForwardingTunnel
+	for _, f := range []string{"tunnel_port", "second_chance"} {
+		switch {
+		case !st.has(f):
+		case !st.has("vip"):
+			d.errorf(st.keyPos(f), "%s applies to vip services with forwarding: tunnel", f)
+		case st.good("forwarding") && !tunnel:
+			d.errorf(st.keyPos(f), "%s applies to forwarding: tunnel, and service %s forwards by %s", f, s.Name, s.Forwarding)
+		}
+	}
+	if !tunnel {
+		return
+	}
+	if s.Listen != "" {
+		d.warnf(st.keyPos("forwarding"), "forwarding tunnel builds the vip's table by rendezvous hashing (primary and secondary per row); the listener's Envoy uses Maglev, so the two tiers pick differently")
+	}
+	if s.SecondChance && st.good("balance") && (s.Balance == BalanceRoundRobin || s.Balance == BalanceLeastConn) {
+		d.warnf(st.pos("balance"), "second chance covers flows the vip's table placed; %s places new flows by its own schedule, so a flow that moves between LB nodes after a backend change may still break (see docs/xdp.md)", s.Balance)
 	}
 }
 
@@ -392,6 +420,9 @@ func (d *decoder) validateBackends(st *svcState) {
 				if fwdOK && ap.Port() != vip.Port() && s.ForwardingOf(b) == ForwardingDR {
 					d.errorf(fieldPos(bs, "address"), "backend %s: port %d differs from the vip's %d, and direct routing (forwarding: dr) keeps the port; use forwarding: nat or auto, or listen on %d", b.Address, ap.Port(), vip.Port(), vip.Port())
 				}
+				if fwdOK && ap.Port() != vip.Port() && s.ForwardingOf(b) == ForwardingTunnel {
+					d.errorf(fieldPos(bs, "address"), "backend %s: port %d differs from the vip's %d, and the tunnel carries the client's packet unchanged; listen on %d", b.Address, ap.Port(), vip.Port(), vip.Port())
+				}
 				if ap.Addr().Is4() != vip.Addr().Is4() {
 					d.errorf(fieldPos(bs, "address"), "backend %s: not the vip's address family (%s)", b.Address, vip.Addr())
 				}
@@ -430,8 +461,21 @@ func (d *decoder) checkBackendForwarding(st *svcState, bs *backendState, hasVIP 
 	if _, given := bs.given["forwarding"]; given && !hasVIP && st.good("vip") {
 		d.errorf(fieldPos(bs, "forwarding"), "backend forwarding applies to vip services (how the XDP forwarder reaches their backends)")
 	}
-	if b.MAC != "" && hasVIP && b.Address != "" && st.good("forwarding") && !bs.bad["forwarding"] && st.s.ForwardingOf(b) == ForwardingNAT {
-		d.warnf(fieldPos(bs, "mac"), "backend %s: mac is not used by NAT forwarding (the next hop comes from the routing table)", b.Address)
+	if _, given := bs.given["forwarding"]; given && hasVIP && !bs.bad["forwarding"] {
+		switch {
+		case b.Forwarding == ForwardingTunnel:
+			d.errorf(fieldPos(bs, "forwarding"), "backend %s: forwarding tunnel is a service's, for all its backends (each backend decapsulates): set forwarding: tunnel on service %s", b.Address, st.s.Name)
+		case st.s.Forwarding == ForwardingTunnel:
+			d.errorf(fieldPos(bs, "forwarding"), "backend %s: service %s forwards every backend by tunnel; remove this backend's forwarding", b.Address, st.s.Name)
+		}
+	}
+	if b.MAC != "" && hasVIP && b.Address != "" && st.good("forwarding") && !bs.bad["forwarding"] {
+		switch st.s.ForwardingOf(b) {
+		case ForwardingNAT:
+			d.warnf(fieldPos(bs, "mac"), "backend %s: mac is not used by NAT forwarding (the next hop comes from the routing table)", b.Address)
+		case ForwardingTunnel:
+			d.warnf(fieldPos(bs, "mac"), "backend %s: mac is not used by tunnel forwarding (the next hop comes from the routing table)", b.Address)
+		}
 	}
 }
 
@@ -533,6 +577,9 @@ func (d *decoder) validateFile(states []*svcState) {
 			if !slices.Equal(o.hosts, hosts) {
 				d.errorf(st.pos("vip"), "vip %s shares address %s (%s) with service %s at line %d but not its backend hosts (%s vs %s): fragments carry no ports, so every port of a VIP address must use the same hosts",
 					s.VIP, ap.Addr(), space, o.st.s.Name, o.st.s.Line, strings.Join(hosts, ","), strings.Join(o.hosts, ","))
+			} else if (s.Forwarding == ForwardingTunnel) != (o.st.s.Forwarding == ForwardingTunnel) {
+				d.errorf(st.pos("vip"), "vip %s shares address %s (%s) with service %s at line %d, and only one of them forwards by tunnel: fragments carry no ports, so every port of a VIP address must reach its hosts the same way",
+					s.VIP, ap.Addr(), space, o.st.s.Name, o.st.s.Line)
 			}
 		} else {
 			byAddr[ak] = vipHosts{st, hosts}

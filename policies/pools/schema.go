@@ -17,7 +17,7 @@ import (
 // a test holds the two together.
 var schema = map[string][]string{
 	pathFile:        {"services"},
-	pathService:     {"name", "protocol", "listen", "vip", "idle_timeout", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "forwarding", "backends"},
+	pathService:     {"name", "protocol", "listen", "vip", "idle_timeout", "affinity", "balance", "hash", "slow_start", "health_check", "cross_zone", "drained_zones", "forwarding", "tunnel_port", "second_chance", "backends"},
 	pathAffinity:    {"mode", "ttl", "max_sessions", "cookie", "app_cookie", "url", "header", "quic_cid"},
 	pathCookie:      {"name", "path"},
 	pathAppCookie:   {"name", "mode"},
@@ -171,13 +171,7 @@ func (d *decoder) decodeService(n *yaml.Node) *svcState {
 		d.decodeHealthCheck(st, f)
 	}
 	d.decodeZones(st, fs)
-	if f, ok := fs["forwarding"]; ok {
-		if v, ok := d.forwarding(f); ok {
-			st.s.Forwarding = v
-		} else {
-			st.bad["forwarding"] = true
-		}
-	}
+	d.decodeForwarding(st, fs)
 	d.decodeBackends(st, fs)
 
 	applyDefaults(st.s, st.has)
@@ -258,6 +252,32 @@ func (d *decoder) decodeBalance(st *svcState, fs map[string]field) {
 		d.errorf(f.val, "balance %q: want weighted_least_conn, weighted_round_robin, maglev or ring_hash%s", v,
 			suggestValue(v, []string{BalanceLeastConn, BalanceRoundRobin, BalanceMaglev, BalanceRingHash}))
 		st.bad["balance"] = true
+	}
+}
+
+// decodeForwarding decodes how the XDP tier reaches the backends: forwarding, and the
+// tunnel's port and second chance.
+func (d *decoder) decodeForwarding(st *svcState, fs map[string]field) {
+	if f, ok := fs["forwarding"]; ok {
+		if v, ok := d.forwarding(f); ok {
+			st.s.Forwarding = v
+		} else {
+			st.bad["forwarding"] = true
+		}
+	}
+	if f, ok := fs["tunnel_port"]; ok {
+		if v, ok := d.intIn(f, 1, 65535, "tunnel_port %d out of range 1..65535 (the UDP port backends decapsulate GUE on; default %d)", DefaultTunnelPort); ok {
+			st.s.TunnelPort = uint16(v)
+		} else {
+			st.bad["tunnel_port"] = true
+		}
+	}
+	if f, ok := fs["second_chance"]; ok {
+		if v, ok := d.boolean(f); ok {
+			st.s.SecondChance = v
+		} else {
+			st.bad["second_chance"] = true
+		}
 	}
 }
 
@@ -811,7 +831,7 @@ func (d *decoder) forwarding(f field) (Forwarding, bool) {
 		return "", false
 	}
 	if !Forwarding(v).Known() {
-		d.errorf(f.val, "forwarding %q: want auto, dr or nat%s", v, suggestValue(v, []string{string(ForwardingAuto), string(ForwardingDR), string(ForwardingNAT)}))
+		d.errorf(f.val, "forwarding %q: want auto, dr, nat or tunnel%s", v, suggestValue(v, []string{string(ForwardingAuto), string(ForwardingDR), string(ForwardingNAT), string(ForwardingTunnel)}))
 		return "", false
 	}
 	return Forwarding(v), true

@@ -142,9 +142,25 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s (is bpffs mounted at %s?): %w", l.dir, filepath.Dir(l.dir), err)
 	}
-	spec, err := cfg.Tables.spec()
+	adopted, err := l.loadTables(tun4, tun6)
 	if err != nil {
 		return nil, err
+	}
+	if err := l.attach(adopted); err != nil {
+		l.maps.Close()
+		return nil, err
+	}
+	opened = true
+	return l, nil
+}
+
+// loadTables loads the program with the maps a previous loader pinned that still fit, makes
+// and pins the others, and configures them (NAT, tunnel sources, the state restored). It
+// reports whether any pinned map was adopted; on an error nothing stays open.
+func (l *Loader) loadTables(tun4, tun6 netip.Addr) (adopted bool, err error) {
+	spec, err := l.cfg.Tables.spec()
+	if err != nil {
+		return false, err
 	}
 	repl, fresh := l.adoptable(spec)
 	tables := &Tables{}
@@ -153,78 +169,78 @@ func Open(cfg Config, log *zap.Logger) (*Loader, error) {
 			m.Close()
 		}
 		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("loading the XDP program: no BPF permission (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
+			return false, fmt.Errorf("loading the XDP program: no BPF permission (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
 		}
-		return nil, fmt.Errorf("loading the XDP program: %w", err)
+		return false, fmt.Errorf("loading the XDP program: %w", err)
 	}
 	for _, m := range repl { // LoadAndAssign holds its own references
 		m.Close()
 	}
 	l.maps = tables
-	if err := tables.configure(cfg.Tables, cfg.NAT); err != nil {
+	if err := l.configureTables(tun4, tun6, fresh); err != nil {
 		tables.Close()
-		return nil, err
+		return false, err
+	}
+	return len(fresh) < len(pinnedMaps), nil
+}
+
+// configureTables writes the loaded tables' configuration, restores the pinned state and
+// pins the maps made afresh (fresh), then reserves NAT's ports and turns on forwarding.
+func (l *Loader) configureTables(tun4, tun6 netip.Addr, fresh []string) error {
+	tables := l.maps
+	if err := tables.configure(l.cfg.Tables, l.cfg.NAT); err != nil {
+		return err
 	}
 	if err := tables.configureTunnel(tun4, tun6); err != nil {
-		tables.Close()
-		return nil, err
+		return err
 	}
 	l.tunnel4, l.tunnel6 = tun4, tun6
-
 	if err := l.restore(); err != nil {
-		tables.Close()
-		return nil, err
+		return err
 	}
 	for _, name := range fresh {
 		path := filepath.Join(l.dir, name)
 		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-			tables.Close()
-			return nil, fmt.Errorf("removing the old pinned map %s: %w", name, err)
+			return fmt.Errorf("removing the old pinned map %s: %w", name, err)
 		}
 		if err := mapsByName(&tables.objs.lbMaps)[name].Pin(path); err != nil {
-			tables.Close()
-			return nil, fmt.Errorf("pinning map %s: %w", name, err)
+			return fmt.Errorf("pinning map %s: %w", name, err)
 		}
 	}
 	// After the pinning: what is reserved is recorded in the pinned state, for Detach.
 	if err := l.reservePorts(); err != nil {
-		tables.Close()
-		return nil, fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
+		return fmt.Errorf("reserving the NAT ports from the host's own: %w", err)
 	}
-	if err := l.enableForwarding(cfg.NAT.has(true), cfg.NAT.has(false), "the FIB lookups of NAT need it"); err != nil {
-		tables.Close()
-		return nil, err
-	}
-	adopted := len(fresh) < len(pinnedMaps)
+	return l.enableForwarding(l.cfg.NAT.has(true), l.cfg.NAT.has(false), "the FIB lookups of NAT need it")
+}
+
+// attach puts the loaded program on the interface: into a previous loader's pinned link,
+// atomically under the same maps, or by a new link it pins.
+func (l *Loader) attach(adopted bool) error {
 	linkPath := filepath.Join(l.dir, "link")
 	if old, err := link.LoadPinnedLink(linkPath, nil); err == nil {
-		// A previous loader's link: swap our program in, atomically, under the same maps.
-		if err := old.Update(tables.Program()); err != nil {
+		if err := old.Update(l.maps.Program()); err != nil {
 			old.Close()
-			tables.Close()
-			return nil, fmt.Errorf("updating the pinned XDP link on %s: %w", cfg.Iface, err)
+			return fmt.Errorf("updating the pinned XDP link on %s: %w", l.cfg.Iface, err)
 		}
 		l.lnk = old
-		log.Info("adopted the running forwarder", zap.String("iface", cfg.Iface), zap.Bool("maps", adopted))
-		return l, nil
+		l.log.Info("adopted the running forwarder", zap.String("iface", l.cfg.Iface), zap.Bool("maps", adopted))
+		return nil
 	}
 	flags := link.XDPDriverMode
-	if cfg.Mode == ModeGeneric {
+	if l.cfg.Mode == ModeGeneric {
 		flags = link.XDPGenericMode
 	}
-	lnk, err := link.AttachXDP(link.XDPOptions{Program: tables.Program(), Interface: ifc.Index, Flags: flags})
+	lnk, err := link.AttachXDP(link.XDPOptions{Program: l.maps.Program(), Interface: l.iface.Index, Flags: flags})
 	if err != nil {
-		tables.Close()
-		return nil, fmt.Errorf("attaching XDP (%s mode) to %s: %w", cfg.Mode, cfg.Iface, err)
+		return fmt.Errorf("attaching XDP (%s mode) to %s: %w", l.cfg.Mode, l.cfg.Iface, err)
 	}
 	if err := lnk.Pin(linkPath); err != nil {
 		lnk.Close()
-		tables.Close()
-		return nil, fmt.Errorf("pinning the XDP link: %w", err)
+		return fmt.Errorf("pinning the XDP link: %w", err)
 	}
 	l.lnk = lnk
-	opened = true
-	return l, nil
+	return nil
 }
 
 // adoptable opens the maps a previous loader pinned that fit spec (same type, key, value

@@ -35,16 +35,17 @@ func (p *stepProber) probe(ctx context.Context, _ string) (outcome, string) {
 	return failed, "tcp: connection refused"
 }
 
-// TestProberFaultReturnsToUnknown: a Healthy target whose probes cannot run for the
-// prober's own reasons returns to Unknown (routable, never Unhealthy), and so does an
-// Unhealthy one; the next real result decides at once.
-func TestProberFaultReturnsToUnknown(t *testing.T) {
-	steps := make(chan outcome, 8)
-	for _, o := range []outcome{passed, inconclusive, failed, inconclusive, passed} {
+// runScripted runs a checker of one target "b" (TCP, a 5 ms interval, both thresholds at
+// threshold) whose probes answer script in turn, then its last outcome again; it returns
+// the checker and its transitions, and stops it when the test ends.
+func runScripted(t *testing.T, threshold int, script ...outcome) (*Checker, <-chan Transition) {
+	t.Helper()
+	steps := make(chan outcome, len(script))
+	for _, o := range script {
 		steps <- o
 	}
 	c, err := NewChecker(Config{Protocol: TCP, Interval: 5 * time.Millisecond, Timeout: 2 * time.Millisecond,
-		HealthyThreshold: 3, UnhealthyThreshold: 3}, AllowShortIntervals())
+		HealthyThreshold: threshold, UnhealthyThreshold: threshold}, AllowShortIntervals())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,10 +54,18 @@ func TestProberFaultReturnsToUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch, unsub := c.Subscribe(16)
-	defer unsub()
+	t.Cleanup(unsub)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	go c.Run(ctx)
+	return c, ch
+}
+
+// TestProberFaultReturnsToUnknown: a Healthy target whose probes cannot run for the
+// prober's own reasons returns to Unknown (routable, never Unhealthy), and so does an
+// Unhealthy one; the next real result decides at once.
+func TestProberFaultReturnsToUnknown(t *testing.T) {
+	_, ch := runScripted(t, 3, passed, inconclusive, failed, inconclusive, passed)
 	want := []struct {
 		to    State
 		fault bool
@@ -158,22 +167,7 @@ func runChild(t *testing.T, name string, env ...string) {
 // transition with the fault's reason (so it is logged, and the first-verdicts hold counts
 // it decided) and the reason in its status; the same fault again says nothing more.
 func TestFirstProbeFaultIsSaid(t *testing.T) {
-	steps := make(chan outcome, 1)
-	steps <- inconclusive
-	c, err := NewChecker(Config{Protocol: TCP, Interval: 5 * time.Millisecond, Timeout: 2 * time.Millisecond,
-		HealthyThreshold: 1, UnhealthyThreshold: 1}, AllowShortIntervals())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.prober = &stepProber{steps: steps}
-	if err := c.SetTargets([]Target{{ID: "b", Address: "127.0.0.1:1"}}); err != nil {
-		t.Fatal(err)
-	}
-	ch, unsub := c.Subscribe(16)
-	defer unsub()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go c.Run(ctx)
+	c, ch := runScripted(t, 1, inconclusive)
 	select {
 	case tr := <-ch:
 		if tr.To != Unknown || tr.From != Unknown || !tr.ProberFault || !strings.Contains(tr.Reason, "prober fault") {

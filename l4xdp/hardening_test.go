@@ -138,12 +138,10 @@ func hardeningFixtures(t *testing.T, fx *fixture) []packetScenario {
 
 	// An entry idle past its VIP's idle_timeout is a miss (the flow re-picks); one idle less
 	// keeps its backend. The entry's age is set in the map: no test waits out a timeout.
-	const idlePort = 5454
-	idleB := hashed(idlePort, 80, 6)
-	age := func(d time.Duration) func(t *testing.T, r *packetRig) {
+	ageFlow := func(port uint16, d time.Duration) func(t *testing.T, r *packetRig) {
 		return func(t *testing.T, r *packetRig) {
 			t.Helper()
-			key := flowKey(client4, vip4, idlePort, 80, 6)
+			key := flowKey(client4, vip4, port, 80, 6)
 			var c lbConn
 			if err := r.f.objs.Conns.Lookup(&key, &c); err != nil {
 				t.Fatal(err)
@@ -153,6 +151,16 @@ func hardeningFixtures(t *testing.T, fx *fixture) []packetScenario {
 				t.Fatal(err)
 			}
 		}
+	}
+	const idlePort = 5454
+	idleB := hashed(idlePort, 80, 6)
+	age := func(d time.Duration) func(t *testing.T, r *packetRig) { return ageFlow(idlePort, d) }
+	// A closed flow's port, and an open one's beside it.
+	const closedPort, openPort = 5455, 5456
+	closedB, openB := hashed(closedPort, 80, 6), hashed(openPort, 80, 6)
+	elsewhere := make([]uint32, size) // the table after a change: every flow's pick moved
+	for i, b := range fx.table {
+		elsewhere[i] = next(b)
 	}
 
 	return []packetScenario{
@@ -218,6 +226,27 @@ func hardeningFixtures(t *testing.T, fx *fixture) []packetScenario {
 			tcpToB("idle 9s of 10s", idlePort, "A", idleB),
 			step("idle 11 s", age(11*time.Second)),
 			tcpToB("idle 11s of 10s", idlePort, "A", next(idleB)),
+			counts(map[string]uint64{"conn_stale": 1}),
+		}},
+		// A client reuses a closed connection's 5-tuple a minute later (after its TIME_WAIT).
+		// When the new connection's SYN reached another node and the flow moves here
+		// mid-stream (a node joined or came back), its packets must go by the table, not
+		// follow the closed connection's entry to the backend the table picked then: an entry
+		// that has seen the client's FIN holds only while packets keep coming (a half-closed
+		// connection's ACKs), closeTimeout idle at most. An open flow's entry keeps its idle
+		// timeout.
+		{name: "closed flow's entry", rig: drRig, cases: []packetCase{
+			tcpToB("syn", closedPort, "S", closedB),
+			tcpToB("data", closedPort, "A", closedB),
+			tcpToB("the client's FIN", closedPort, "F", closedB),
+			tcpToB("an open flow's syn", openPort, "S", openB),
+			tcpToB("its data", openPort, "A", openB),
+			step("new flows elsewhere", setVIP(vip1(elsewhere, 0))),
+			step("FIN 9 s ago", ageFlow(closedPort, 9*time.Second)),
+			tcpToB("the closing flow's ACK of the server's FIN, 9 s after", closedPort, "A", closedB),
+			step("idle 11 s", steps(ageFlow(closedPort, 11*time.Second), ageFlow(openPort, 11*time.Second))),
+			tcpToB("a new connection's packet on the closed flow's 5-tuple, 11 s after", closedPort, "A", next(closedB)),
+			tcpToB("the open flow, idle 11 s", openPort, "A", openB),
 			counts(map[string]uint64{"conn_stale": 1}),
 		}},
 	}

@@ -9,14 +9,19 @@
 #include "maps.h"
 
 /* conn_usable says whether entry c still holds for a packet of VIP vm: same VIP id, the
- * slot still the backend's it was pinned to (generation), not idle past the VIP's timeout,
- * and not a UDP flow of a down backend outside panic. */
+ * slot still the backend's it was pinned to (generation), not idle past the VIP's timeout
+ * (past CLOSE_TIMEOUT_NS once the client's FIN was seen), and not a UDP flow of a down
+ * backend outside panic. A closing entry kept to the VIP's timeout would send a later
+ * connection on the same 5-tuple, whose SYN another node saw, to the old connection's
+ * backend when that flow moves here. */
 static __always_inline int conn_usable(const struct conn *c, const struct backend *b, const struct vip_meta *vm,
 				       __u8 proto, __u64 now)
 {
 	if (!b || !(b->flags & B_ALIVE) || c->vip_id != vm->id || c->gen != b->gen)
 		return 0;
 	if (now > c->last_seen && now - c->last_seen > (__u64)vm->idle_timeout * NSEC_PER_SEC)
+		return 0;
+	if ((c->flags & (C_FIN | C_NAT)) == C_FIN && now > c->last_seen && now - c->last_seen > CLOSE_TIMEOUT_NS)
 		return 0;
 	if (proto == IPPROTO_UDP && (b->flags & B_DOWN) && !(vm->flags & F_PANIC))
 		return 0;

@@ -9,6 +9,11 @@
 #define MAGLEV_SIZE 65537 /* largest table; each VIP's own size is in vip_meta */
 #define MAX_CID 20
 #define NSEC_PER_SEC 1000000000ULL
+/* How long an entry that has seen the client's FIN holds without a packet (a half-closed
+ * connection's ACKs keep it): after that, a packet on its 5-tuple is taken for a later
+ * connection's (a client reuses its port after its TIME_WAIT, a minute) and goes by the
+ * table. Not NAT flows: their reply entries time their close (nat_client_seg). */
+#define CLOSE_TIMEOUT_NS (10 * NSEC_PER_SEC)
 #define MAX_NAT_SOURCES 16 /* IPv4 sources at 0..7, IPv6 at 8..15 */
 #define NAT_PROBES 32      /* ports a new NAT flow tries before it is dropped (as Linux's
 			    * NAT gives up after a bounded number of attempts) */
@@ -57,6 +62,8 @@ enum conn_flags {
 	C_HS = 8,      /* a NAT flow whose client has not completed the handshake yet: each of
 			* its packets is checked against its reply entry (nat_refresh) until one
 			* acknowledges the backend's SYN-ACK */
+	C_FIN = 16,    /* the client's FIN seen: the connection is closing, and its entry holds
+			* CLOSE_TIMEOUT_NS idle at most (conn_usable) */
 };
 
 /* What a NAT flow's reply entry knows of its connection (nat_entry's state). Bit 0 is where

@@ -95,8 +95,11 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 				uncount(c, b);
 				bpf_map_delete_elem(&conns, f);
 			} else if (!(tflags & T_ICMP)) {
-				if (tflags & T_FIN)
+				if (tflags & T_FIN) {
 					uncount(c, b);
+					if (!(c->flags & C_FIN))
+						__sync_fetch_and_or((__u32 *)&c->flags, C_FIN);
+				}
 				if (!syn && (c->flags & C_SYN))
 					__sync_fetch_and_and((__u32 *)&c->flags, ~(__u32)C_SYN);
 				if (now > c->last_seen + NSEC_PER_SEC)
@@ -186,9 +189,9 @@ static __always_inline int route(struct xdp_md *ctx, struct ethhdr *eth, struct 
 		 * entry went) is not remembered: its entry would hold the primary alone, and the
 		 * flow's backend may be the secondary. Every packet of it takes the table. */
 		if (insert_allowed(now)) {
-			/* A FIN opens no connection to count. */
+			/* A FIN opens no connection to count: its flow is closing. */
 			struct conn nc = {.backend = bidx, .gen = b->gen, .vip_id = vm->id, .last_seen = now,
-					  .flags = (tflags & T_FIN) ? 0 : C_COUNTED | (syn ? C_SYN : 0)};
+					  .flags = (tflags & T_FIN) ? C_FIN : C_COUNTED | (syn ? C_SYN : 0)};
 			if (bpf_map_update_elem(&conns, f, &nc, BPF_NOEXIST) == 0) {
 				if (nc.flags & C_COUNTED)
 					count_active(bidx);

@@ -109,15 +109,13 @@ func runFleetDay(t *testing.T, rf *routedFleet, prefix string) (breakReport, []l
 	}
 	// An LB-node change alone never breaks a connection (every node holds the same table,
 	// and its own flows' entries), nor does a backend change alone (the node keeps each
-	// flow's entry); only their combination, and a connection's own backend dying or leaving,
-	// do.
+	// flow's entry); only their combination, a connection's own backend dying or leaving,
+	// and a node's entry of an earlier connection on the same 5-tuple that ended without its
+	// FIN there, do. (An earlier connection that closed through the node leaves an entry
+	// that holds 10 s idle at most, and the client reuses its port a minute later at the
+	// earliest: such a reuse breaks nothing, and is not excused.)
 	if n := sum(rep.ByKind); n > 0 {
-		var detail []string
-		for _, c := range load.broken() {
-			detail = append(detail, fmt.Sprintf("%s -> %s, %s..%s: %v", c.local, c.backend, c.opened.Format("15:04:05.000"),
-				c.ended.Format("15:04:05.000"), c.err))
-		}
-		t.Errorf("%d connections broke by one event alone:\n%s", n, strings.Join(detail, "\n"))
+		t.Errorf("%d connections broke by one event alone:\n%s", n, strings.Join(rep.Alone, "\n"))
 	}
 	return rep, load.broken()
 }

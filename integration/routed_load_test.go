@@ -252,26 +252,82 @@ type breakReport struct {
 	// CombinedBy counts them by the last backend change in their life.
 	Combined   int
 	CombinedBy map[string]int
+	// Reused: a connection on a 5-tuple that an earlier connection to another backend used,
+	// which ended without its FIN passing the node that carried it (it broke, or an LB-node
+	// change moved it away): a node may hold that connection's entry to the idle timeout and
+	// send this one's packets there once the router moves it to that node. By the kind of
+	// the last event before they broke.
+	Reused   int
+	ReusedBy map[string]int
 	// Events counts the events of each kind.
 	Events map[string]int
 	// ByKind: the others, by the kind of the last event before they broke ("none" when
-	// none came before).
+	// none came before); Alone describes each of them.
 	ByKind map[string]int
-	// Total connections made, long-lived and new.
-	Long, New int
+	Alone  []string
+	// Total connections made, long-lived and new; Reuses, those on a 5-tuple an earlier
+	// connection of the day used.
+	Long, New, Reuses int
 }
 
 // killDetect bounds how long after a backend's death new connections may still be sent
 // to it: the nodes' check (interval 1 s x 1 + timeout 0.5 s) and the rebuild, with slack.
 const killDetect = 3 * time.Second
 
-// attribute puts the load's broken connections down to the events of log. An event falls
-// inside a connection's life when it was made before the connection ended and settled
-// after it began.
+// connLife is what of a fleet's log fell inside a connection's life: an event falls inside
+// when it was made before the connection ended and settled after it began.
+type connLife struct {
+	node    bool     // an LB-node change
+	backend string   // the last backend change ("" when none)
+	last    string   // the kind of the last event made before the connection ended ("none")
+	own     string   // its own backend killed or removed (or, for a connection that never answered, a backend just killed)
+	events  []string // the events, as "kind target"
+}
+
+func lifeOf(c loadConn, log []fleetEvent) connLife {
+	l := connLife{last: "none"}
+	for _, e := range log {
+		if e.at.After(c.ended) {
+			break
+		}
+		l.last = e.kind
+		settled := e.settled
+		if settled.IsZero() {
+			settled = c.ended
+		}
+		if settled.Before(c.opened) {
+			continue
+		}
+		l.events = append(l.events, e.kind+" "+e.target)
+		l.node = l.node || e.node
+		if !e.node {
+			l.backend = e.kind
+		}
+		switch {
+		case (e.kind == "backend kill" || e.kind == "backend remove") && e.target == c.backend:
+			l.own = e.kind // its own backend died or left
+		case e.kind == "backend kill" && c.backend == "" && c.ended.Sub(e.at) < killDetect:
+			l.own = e.kind // a new connection sent to a backend just dead
+		}
+	}
+	return l
+}
+
+// attribute puts the load's broken connections down to the events of log.
 func attribute(conns []loadConn, log []fleetEvent) breakReport {
-	rep := breakReport{Expected: map[string]int{}, ByKind: map[string]int{}, CombinedBy: map[string]int{}, Events: map[string]int{}}
+	rep := breakReport{Expected: map[string]int{}, ByKind: map[string]int{}, CombinedBy: map[string]int{},
+		ReusedBy: map[string]int{}, Events: map[string]int{}}
 	for _, e := range log {
 		rep.Events[e.kind]++
+	}
+	byTuple := map[netip.AddrPort][]loadConn{} // the connections made on each client address and port
+	for _, c := range conns {
+		if c.local.IsValid() {
+			if len(byTuple[c.local]) > 0 {
+				rep.Reuses++
+			}
+			byTuple[c.local] = append(byTuple[c.local], c)
+		}
 	}
 	for _, c := range conns {
 		if c.long {
@@ -282,49 +338,66 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 		if c.err == nil {
 			continue
 		}
-		var node bool
-		last, own, backend := "none", "", ""
-		for _, e := range log {
-			if e.at.After(c.ended) {
-				break
-			}
-			last = e.kind
-			settled := e.settled
-			if settled.IsZero() {
-				settled = c.ended
-			}
-			if settled.Before(c.opened) {
-				continue
-			}
-			node = node || e.node
-			if !e.node {
-				backend = e.kind
-			}
-			switch {
-			case (e.kind == "backend kill" || e.kind == "backend remove") && e.target == c.backend:
-				own = e.kind // its own backend died or left
-			case e.kind == "backend kill" && c.backend == "" && c.ended.Sub(e.at) < killDetect:
-				own = e.kind // a new connection sent to a backend just dead
-			}
-		}
+		l := lifeOf(c, log)
+		stale := staleBefore(c, byTuple[c.local], log)
 		switch {
-		case own != "":
-			rep.Expected[own]++
-		case node && backend != "":
+		case l.own != "":
+			rep.Expected[l.own]++
+		case l.node && l.backend != "":
 			rep.Combined++
-			rep.CombinedBy[backend]++
+			rep.CombinedBy[l.backend]++
+		case len(stale) > 0:
+			rep.Reused++
+			rep.ReusedBy[l.last]++
 		default:
-			rep.ByKind[last]++
+			rep.ByKind[l.last]++
+			rep.Alone = append(rep.Alone, fmt.Sprintf("%s -> %s, %s..%s: %v; in its life: %s; earlier on its 5-tuple: %s",
+				c.local, c.backend, c.opened.Format("15:04:05.000"), c.ended.Format("15:04:05.000"), c.err,
+				orNone(l.events), orNone(earlierOn(c, byTuple[c.local]))))
 		}
 	}
 	return rep
+}
+
+// staleBefore lists the connections before c on its 5-tuple, to another backend, that a
+// node may still hold an entry of: they ended without their FIN passing the node that
+// carried them (they broke, or an LB-node change in their life moved them away).
+func staleBefore(c loadConn, same []loadConn, log []fleetEvent) []loadConn {
+	var out []loadConn
+	for _, e := range same {
+		if !e.opened.Before(c.opened) || e.backend == c.backend {
+			continue
+		}
+		if e.err != nil || lifeOf(e, log).node {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// earlierOn describes the connections before c on its 5-tuple.
+func earlierOn(c loadConn, same []loadConn) []string {
+	var out []string
+	for _, e := range same {
+		if e.opened.Before(c.opened) {
+			out = append(out, fmt.Sprintf("%s..%s -> %s (%v)", e.opened.Format("15:04:05.000"), e.ended.Format("15:04:05.000"), e.backend, e.err))
+		}
+	}
+	return out
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
 }
 
 // String lays the report out: per kind of event, how many there were and how many
 // connections each broke alone; then the combined ones and the expected ones.
 func (r breakReport) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "connections made: %d long-lived, %d new\n", r.Long, r.New)
+	fmt.Fprintf(&b, "connections made: %d long-lived, %d new; %d on a 5-tuple used before that day\n", r.Long, r.New, r.Reuses)
 	kinds := make([]string, 0, len(r.Events))
 	for k := range r.Events {
 		kinds = append(kinds, k)
@@ -337,6 +410,7 @@ func (r breakReport) String() string {
 		fmt.Fprintf(&b, "  broken with no event before them: %d\n", n)
 	}
 	fmt.Fprintf(&b, "broken with an LB-node change and a backend change in their life (the baseline): %d %s\n", r.Combined, counts(r.CombinedBy))
+	fmt.Fprintf(&b, "broken on a 5-tuple whose earlier connection a node may still hold (it ended without its FIN there): %d %s\n", r.Reused, counts(r.ReusedBy))
 	fmt.Fprintf(&b, "broken because their own backend died or left: %s", counts(r.Expected))
 	return b.String()
 }

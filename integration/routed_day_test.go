@@ -59,8 +59,9 @@ func fleetDayOf(rf *routedFleet, prefix string) []func() {
 // compared at every quiet point. Connections with an LB-node change and a backend change in
 // their life are counted apart: nothing carries them today (the node the router moves them
 // to has no entry for them, and the table moved under them), and they are the baseline that
-// forwarding to the flow's first node must take to zero. Skipped under -short, as every
-// end-to-end test in namespaces.
+// forwarding to the flow's first node must take to zero; so are those on a 5-tuple whose
+// earlier connection a node may still hold (it ended without its FIN passing that node).
+// Skipped under -short, as every end-to-end test in namespaces.
 func TestRoutedFleetDay(t *testing.T) {
 	runFleetDay(t, newRoutedFleet(t, "b1", "b2", "b3", "b4"), "b")
 }

@@ -252,11 +252,11 @@ type breakReport struct {
 	// CombinedBy counts them by the last backend change in their life.
 	Combined   int
 	CombinedBy map[string]int
-	// Reused: a connection on a 5-tuple that an earlier connection to another backend used,
-	// which ended without its FIN passing the node that carried it (it broke, or an LB-node
-	// change moved it away): a node may hold that connection's entry to the idle timeout and
-	// send this one's packets there once the router moves it to that node. By the kind of
-	// the last event before they broke.
+	// Reused: a connection with an LB-node change in its life, on a 5-tuple that an earlier
+	// connection to another backend used, which ended without its FIN passing the node that
+	// carried it (it broke, or an LB-node change moved it away): a node may hold that
+	// connection's entry to the idle timeout and send this one's packets there once the
+	// router moves it to that node. By the kind of the last event before they broke.
 	Reused   int
 	ReusedBy map[string]int
 	// Events counts the events of each kind.
@@ -339,14 +339,13 @@ func attribute(conns []loadConn, log []fleetEvent) breakReport {
 			continue
 		}
 		l := lifeOf(c, log)
-		stale := staleBefore(c, byTuple[c.local], log)
 		switch {
 		case l.own != "":
 			rep.Expected[l.own]++
 		case l.node && l.backend != "":
 			rep.Combined++
 			rep.CombinedBy[l.backend]++
-		case len(stale) > 0:
+		case l.node && len(staleBefore(c, byTuple[c.local], log)) > 0: // moved to a node that may hold one
 			rep.Reused++
 			rep.ReusedBy[l.last]++
 		default:

@@ -76,11 +76,12 @@ func (s *Server) Status() *status.Snapshot {
 	s.mu.Unlock()
 
 	host, _ := os.Hostname()
-	snap := &status.Snapshot{Tier: status.TierXDS, Node: host, Time: time.Now(),
-		Actions: status.Actions{DrainHint: drainHint}}
+	snap := &status.Snapshot{Tier: status.TierXDS, Node: host, Actions: status.Actions{DrainHint: drainHint}}
 	for _, svc := range f.Services {
 		snap.Services = append(snap.Services, s.serviceStatus(svc, view, panicking[svc.Name]))
 	}
+	// Taken after the health reads, so no probe the snapshot shows is later than its time.
+	snap.Time = time.Now()
 	for _, n := range nodes {
 		snap.Nodes = append(snap.Nodes, nodeOf(n))
 	}

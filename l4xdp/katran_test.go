@@ -815,11 +815,6 @@ func restoringWrapper(tb testing.TB, pkt []byte, target *ebpf.Program, vary bool
 	if err := tmpl.Put(uint32(0), val); err != nil {
 		tb.Fatal(err)
 	}
-	jump, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { jump.Close() })
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
@@ -846,22 +841,7 @@ func restoringWrapper(tb testing.TB, pkt []byte, target *ebpf.Program, vary bool
 			asm.StoreMem(asm.R2, 14+14, asm.R5, asm.Half), // the source address's last two bytes
 		)
 	}
-	insns = append(insns,
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.LoadMapPtr(asm.R2, jump.FD()),
-		asm.Mov.Imm(asm.R3, 0),
-		asm.FnTailCall.Call(),
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"), // XDP_ABORTED
-		asm.Return(),
-	)
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "GPL", Instructions: insns})
-	if err != nil {
-		tb.Fatalf("loading the wrapper: %v", err)
-	}
-	tb.Cleanup(func() { p.Close() })
-	if err := jump.Put(uint32(0), target); err != nil {
-		tb.Fatalf("installing the tail call: %v", err)
-	}
+	p := tailCalling(tb, "the wrapper", insns, target)
 	return &wrapper{prog: p, tmpl: tmpl, cnt: int(cnt)}
 }
 

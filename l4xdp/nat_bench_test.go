@@ -138,11 +138,6 @@ func restoring(tb testing.TB, pkt []byte, target *ebpf.Program, forget ...mapKey
 	if err := tmpl.Put(uint32(0), val); err != nil {
 		tb.Fatal(err)
 	}
-	jump, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { jump.Close() })
 	insns := append(asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}, writeBytes(tmpl, int16(len(pkt)&^1))...)
 	for i, f := range forget { // R7 is the template: each key lies in it
 		insns = append(insns,
@@ -152,17 +147,30 @@ func restoring(tb testing.TB, pkt []byte, target *ebpf.Program, forget ...mapKey
 			asm.FnMapDeleteElem.Call(),
 		)
 	}
+	return tailCalling(tb, "the restoring program", insns, target)
+}
+
+// tailCalling loads an XDP program of insns, which leave the context in R6, then a tail
+// call to target. A tail call that fails, or a jump in insns to "abort", returns
+// XDP_ABORTED; a jump to "tail" skips to the tail call.
+func tailCalling(tb testing.TB, what string, insns asm.Instructions, target *ebpf.Program) *ebpf.Program {
+	tb.Helper()
+	jump, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { jump.Close() })
 	insns = append(insns,
-		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("tail"),
 		asm.LoadMapPtr(asm.R2, jump.FD()),
 		asm.Mov.Imm(asm.R3, 0),
 		asm.FnTailCall.Call(),
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"), // XDP_ABORTED: the tail call failed
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"), // XDP_ABORTED
 		asm.Return(),
 	)
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "GPL", Instructions: insns})
 	if err != nil {
-		tb.Fatalf("loading the restoring program: %v", err)
+		tb.Fatalf("loading %s: %v", what, err)
 	}
 	tb.Cleanup(func() { p.Close() })
 	if err := jump.Put(uint32(0), target); err != nil {

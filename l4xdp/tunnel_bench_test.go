@@ -19,37 +19,17 @@ import (
 func restoringHead(tb testing.TB, pkt []byte, target *ebpf.Program) *ebpf.Program {
 	tb.Helper()
 	inner := restoring(tb, pkt, target)
-	jump, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { jump.Close() })
-	insns := asm.Instructions{
+	return tailCalling(tb, "the head-restoring program", asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
 		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
 		asm.Sub.Reg(asm.R3, asm.R2),              // the frame's length
-		asm.JLE.Imm(asm.R3, int32(len(pkt)), "same"),
+		asm.JLE.Imm(asm.R3, int32(len(pkt)), "tail"),
 		asm.Sub.Imm(asm.R3, int32(len(pkt))),
 		asm.Mov.Reg(asm.R2, asm.R3),
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.FnXdpAdjustHead.Call(), // give the added headers back
-		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("same"),
-		asm.LoadMapPtr(asm.R2, jump.FD()),
-		asm.Mov.Imm(asm.R3, 0),
-		asm.FnTailCall.Call(),
-		asm.Mov.Imm(asm.R0, 0), // XDP_ABORTED: the tail call failed
-		asm.Return(),
-	}
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "GPL", Instructions: insns})
-	if err != nil {
-		tb.Fatalf("loading the head-restoring program: %v", err)
-	}
-	tb.Cleanup(func() { p.Close() })
-	if err := jump.Put(uint32(0), inner); err != nil {
-		tb.Fatalf("installing the tail call: %v", err)
-	}
-	return p
+	}, inner)
 }
 
 // BenchmarkProgRunTunnel: ns/packet through BPF_PROG_RUN of a packet of an established flow

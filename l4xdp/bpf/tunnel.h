@@ -47,8 +47,9 @@ static __always_inline int tunnel_pick(const struct vip_meta *vm, __u32 h, __u32
 /* tunnel_trusts says whether a packet of a tunnel VIP's flow may follow entry c (to a tunnel
  * backend): with second chance, not a TCP non-SYN whose entry has been idle TUNNEL_TRUST_NS. Such an entry may
  * be that of an earlier connection on the same 5-tuple (a node keeps an ended connection's
- * entry to its idle timeout, and a client reuses its port a minute later, after its
- * TIME_WAIT; the node that saw the new SYN replaced its own entry, the others did not), or
+ * entry to its idle timeout when its FIN went elsewhere, and a client reuses its port a
+ * minute later, after its TIME_WAIT; the node that saw the new SYN replaced its own entry,
+ * the others did not), or
  * the table may have moved while the flow was idle: by the table, the packet reaches its
  * connection either way in one hop at most (the row's primary, then its secondary). */
 static __always_inline int tunnel_trusts(const struct vip_meta *vm, const struct conn *c, const struct flow *f, int syn,

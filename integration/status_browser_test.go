@@ -109,6 +109,13 @@ func pageRows(ctx context.Context) string {
 	return s
 }
 
+// rowsShown is a JS condition: the page has n backend rows, each rendered with its text. A
+// chunk of rows (content-visibility: auto) is skipped, its text empty, until the browser's
+// next frame has found it on screen: rows read right after they went in can be empty.
+func rowsShown(n int) string {
+	return fmt.Sprintf(`(function (rs) { return rs.length === %d && rs.every(function (r) { return r.innerText.trim() !== ""; }); })(Array.from(document.querySelectorAll(".row[data-id]")))`, n)
+}
+
 // rowOf is a JS expression for the page's row of backend id.
 func rowOf(id string) string { return fmt.Sprintf(`document.querySelector('.row[data-id=%q]')`, id) }
 
@@ -420,7 +427,7 @@ func TestStatusPageBrowser(t *testing.T) {
 func screenshotStatus(t *testing.T, ctx context.Context, out string) {
 	t.Helper()
 	run(t, ctx, 30*time.Second, chromedp.Navigate("http://localhost:2020/"))
-	pageWait(t, ctx, 10*time.Second, "rows", `document.querySelectorAll('.row[data-id]').length === 3`)
+	pageWait(t, ctx, 10*time.Second, "rows", rowsShown(3))
 	png := run(t, ctx, 30*time.Second, chromedp.Screenshot(chromedp.CSS("body")))
 	if err := os.WriteFile(out, png, 0o644); err != nil {
 		t.Fatal(err)
@@ -580,7 +587,7 @@ func TestStatusPageFileAndNodes(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	run(t, ctx, 30*time.Second, chromedp.Navigate(srv.URL+"/"))
-	pageWait(t, ctx, 10*time.Second, "three backends", `document.querySelectorAll(".row[data-id]").length === 3`)
+	pageWait(t, ctx, 10*time.Second, "three backends", rowsShown(3))
 	text := func(js string) string { return run(t, ctx, 5*time.Second, chromedp.Evaluate[string](js)) }
 	if got := text(`document.getElementById("nodes").innerText`); !strings.Contains(got, "no node connected") {
 		t.Fatalf("nodes area %q: want \"no node connected\"", got)

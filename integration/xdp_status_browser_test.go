@@ -108,7 +108,7 @@ func TestXDPStatusPageBrowser(t *testing.T) {
 	gen := *snap.Services[0].Generation
 
 	run(t, ctx, 30*time.Second, chromedp.Navigate(srv.URL+"/"))
-	pageWait(t, ctx, 10*time.Second, "three backends", `document.querySelectorAll(".row[data-id]").length === 3`)
+	pageWait(t, ctx, 10*time.Second, "three backends", rowsShown(3))
 	rows := pageRows(ctx)
 	for _, want := range []string{
 		"127.0.0.1:80 zone-a 2 2.00 healthy", fmt.Sprintf("n/a %d | 127.0.0.2", flows),

@@ -233,8 +233,8 @@ func hardeningFixtures(t *testing.T, fx *fixture) []packetScenario {
 		// mid-stream (a node joined or came back), its packets must go by the table, not
 		// follow the closed connection's entry to the backend the table picked then: an entry
 		// that has seen the client's FIN holds only while packets keep coming (a half-closed
-		// connection's ACKs), 10 s idle at most (CLOSE_TIMEOUT_NS). An open flow's entry keeps its idle
-		// timeout.
+		// connection's ACKs), 10 s idle at most (CLOSE_TIMEOUT_NS). An open flow's entry
+		// keeps its idle timeout.
 		{name: "closed flow's entry", rig: drRig, cases: []packetCase{
 			tcpToB("syn", closedPort, "S", closedB),
 			tcpToB("data", closedPort, "A", closedB),
